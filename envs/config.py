@@ -1,0 +1,35 @@
+"""Typed config of the env side of a run (``env.*`` keys)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class EnvConfig:
+    """Which task to simulate and how to vectorize it."""
+
+    id: str = "CartPole-v1"
+    """Task id: a gymnasium id (``HalfCheetah-v5``), gymnasium's ``module:EnvId`` import syntax,
+    ``package.module:ClassName`` of a user's env class, a ManiSkill task (``PushCube-v1``) or a
+    LIBERO suite/task (``libero_spatial/0``)."""
+    adapter: str = "auto"
+    """Adapter that builds the env (``embodied recipes`` lists them); ``auto`` picks the first
+    adapter that claims ``id``."""
+    num_envs: int = 8
+    """Number of parallel envs per env worker."""
+    backend: str = "auto"
+    """``inprocess`` (one process steps the batch), ``multiprocess`` (envs spread over
+    ``num_procs`` processes, for CPU simulators that cannot batch), or ``auto`` (the adapter's
+    preferred backend for this machine)."""
+    num_procs: int = 1
+    """Processes of the multiprocess backend (each steps num_envs/num_procs envs in sequence)."""
+    max_episode_steps: int | None = None
+    """Time limit (truncation); None keeps the task's default."""
+    obs_mode: str = "state"
+    """Observation mode: ``state``, ``rgb`` or ``state+rgb`` (pixels where the adapter supports them)."""
+    image_size: int = 128
+    """Side of rendered square camera images for pixel observations and videos."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments passed to the env constructor (e.g. ``control_mode``)."""
