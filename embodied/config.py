@@ -1,0 +1,289 @@
+"""Typed config: dataclasses are the schema; YAML recipes and dotted ``key=value`` overrides on top.
+
+* :func:`build_config` turns nested dicts (a YAML recipe) into dataclass instances, checking every
+  key and type. A wrong key names the closest valid ones; a wrong type names the key, the value and
+  the expected type. Both raise :class:`~embodied.errors.ConfigError` (exit code 2 in the CLI).
+* :func:`apply_overrides` applies ``a.b.c=value`` strings (values parsed as YAML).
+* :func:`to_dict` / :func:`save_yaml` write the fully resolved config that every run keeps.
+* :func:`field_docs` reads the docstring under each dataclass field (for ``--help`` style listings).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from embodied.errors import ConfigError, did_you_mean
+
+C = TypeVar("C")
+_MISSING = object()
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in get_args(tp))
+    if tp is type(None):
+        return "null"
+    if origin is not None:
+        args = ", ".join(_type_name(a) for a in get_args(tp))
+        return f"{getattr(origin, '__name__', str(origin))}[{args}]"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check (and gently convert) ``value`` against type ``tp``; ConfigError when it does not fit."""
+
+    def fail() -> ConfigError:
+        return ConfigError(
+            f"Config key {key!r} expects {_type_name(tp)}, got {value!r} ({type(value).__name__})."
+        )
+
+    if tp is Any:
+        return value
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if value is None:
+            if type(None) in args:
+                return None
+            raise fail()
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError:
+                continue
+        raise fail()
+    if origin is Literal:
+        if value in get_args(tp):
+            return value
+        raise ConfigError(
+            f"Config key {key!r} must be one of {', '.join(repr(a) for a in get_args(tp))}; got {value!r}."
+            + did_you_mean(str(value), [str(a) for a in get_args(tp)])
+        )
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise fail()
+        return build_config(tp, value, prefix=key)
+    if origin in (list, tuple, typing.Sequence):
+        if not isinstance(value, (list, tuple)):
+            raise fail()
+        args = get_args(tp)
+        item_tp = args[0] if args else Any
+        items = [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise fail()
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise fail()
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise fail()
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
+            try:
+                return float(value)
+            except ValueError:
+                raise fail() from None
+        raise fail()
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise fail()
+    if isinstance(tp, type) and isinstance(value, tp):
+        return value
+    raise fail()
+
+
+def all_keys(cls: type, prefix: str = "") -> list[str]:
+    """Every dotted key of a config dataclass (nested dataclasses expanded)."""
+    keys = []
+    for f in dataclasses.fields(cls):
+        tp = _hints(cls)[f.name]
+        full = f"{prefix}{f.name}"
+        keys.append(full)
+        if dataclasses.is_dataclass(tp):
+            keys.extend(all_keys(tp, full + "."))
+    return keys
+
+
+def _unknown_key(cls: type, name: str, prefix: str, root: type | None) -> ConfigError:
+    full = f"{prefix}.{name}" if prefix else name
+    valid_here = [f.name for f in dataclasses.fields(cls)]
+    candidates = all_keys(root) if root is not None else valid_here
+    hint = did_you_mean(full, candidates) or did_you_mean(name, valid_here)
+    where = f" under {prefix!r}" if prefix else ""
+    return ConfigError(f"Unknown config key {full!r}.{hint} Valid keys{where}: {', '.join(valid_here)}.")
+
+
+def build_config(cls: type[C], data: dict[str, Any] | None = None, prefix: str = "", root: type | None = None) -> C:
+    """Instantiate dataclass ``cls`` from a nested dict, validating keys and types."""
+    data = dict(data or {})
+    root = root or cls
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            raise _unknown_key(cls, key, prefix, root)
+    hints = _hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            full = f"{prefix}.{f.name}" if prefix else f.name
+            tp = hints[f.name]
+            if dataclasses.is_dataclass(tp) and isinstance(data[f.name], dict):
+                kwargs[f.name] = build_config(tp, data[f.name], prefix=full, root=root)
+            else:
+                kwargs[f.name] = _coerce(data[f.name], tp, full)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"Invalid config{' for ' + prefix if prefix else ''}: {err}") from None
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A plain nested dict of a config dataclass (tuples become lists)."""
+
+    def plain(v: Any) -> Any:
+        if dataclasses.is_dataclass(v):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+
+    return plain(cfg)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"algo.lr=3e-4"`` -> ``("algo.lr", 3e-4)`` (the value is parsed as YAML)."""
+    if "=" not in text:
+        raise ConfigError(f"Override {text!r} is not of the form key=value (for example algo.lr=3e-4).")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"Override {text!r} has an empty key.")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``data[a][b][c] = value`` for key ``a.b.c``, creating nested dicts."""
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        nxt = node.get(part)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            node[part] = nxt
+        node = nxt
+    node[parts[-1]] = value
+
+
+def merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """Deep merge of ``top`` into a copy of ``base`` (dicts merge, everything else replaces)."""
+    out = dict(base)
+    for k, v in top.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def apply_overrides(cls: type[C], data: dict[str, Any], overrides: list[str]) -> C:
+    """Build ``cls`` from ``data`` with dotted overrides applied on top."""
+    data = dict(data)
+    for text in overrides:
+        key, value = parse_override(text)
+        data = merge(data, _nest(key, value))
+    return build_config(cls, data)
+
+
+def _nest(key: str, value: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    set_dotted(out, key, value)
+    return out
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"Config file {str(path)!r} does not exist.")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of config keys, not {type(data).__name__}.")
+    return data
+
+
+def save_yaml(cfg: Any, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The string literal under each field of a dataclass (attribute docstrings), by field name."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    docs: dict[str, str] = {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    for node, nxt in zip(body, body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def describe(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
+    """(key, type, default, doc) for every leaf field, for listings and docs."""
+    rows = []
+    docs = field_docs(cls)
+    hints = _hints(cls)
+    defaults = cls()
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        full = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(tp):
+            rows.extend(describe(tp, full + "."))
+        else:
+            rows.append((full, _type_name(tp), getattr(defaults, f.name), docs.get(f.name, "")))
+    return rows

@@ -1,0 +1,70 @@
+"""The receiving end of channels: one ``Mailbox`` per worker rank, holding keyed FIFOs.
+
+Messages carry (producer, sequence number) so each producer's messages to a key are delivered in
+the order they were put, whatever order the transport delivers them in.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict, deque
+from typing import Any
+
+
+class ChannelTimeout(TimeoutError):
+    """No message arrived on a channel key within the timeout."""
+
+
+class Mailbox:
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._queues: dict[tuple[str, Any], deque] = defaultdict(deque)
+        self._held: dict[tuple[str, Any, str], dict[int, Any]] = defaultdict(dict)
+        self._next_seq: dict[tuple[str, Any, str], int] = defaultdict(int)
+
+    def push(self, channel: str, key: Any, producer: str, seq: int, item: Any) -> None:
+        with self._cond:
+            stream = (channel, key, producer)
+            held = self._held[stream]
+            held[seq] = item
+            queue = self._queues[(channel, key)]
+            while self._next_seq[stream] in held:
+                queue.append(held.pop(self._next_seq[stream]))
+                self._next_seq[stream] += 1
+            self._cond.notify_all()
+
+    def get(self, channel: str, key: Any, n: int | None, timeout_s: float) -> Any:
+        """Pop one item (``n`` None) or a list of ``n`` items from ``(channel, key)``."""
+        want = 1 if n is None else n
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            queue = self._queues[(channel, key)]
+            while len(queue) < want:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ChannelTimeout(
+                        f"channel {channel!r} key {key!r}: waited {timeout_s:.0f} s for {want} item(s), "
+                        f"got {len(queue)}; is the producer alive?"
+                    )
+                self._cond.wait(remaining)
+            items = [queue.popleft() for _ in range(want)]
+        return items[0] if n is None else items
+
+    def size(self, channel: str, key: Any) -> int:
+        with self._cond:
+            return len(self._queues[(channel, key)])
+
+
+_MAILBOXES: dict[tuple[str, int], Mailbox] = {}
+_LOCK = threading.Lock()
+
+
+def register_mailbox(group: str, rank: int, mailbox: Mailbox) -> None:
+    with _LOCK:
+        _MAILBOXES[(group, rank)] = mailbox
+
+
+def local_mailbox(group: str, rank: int) -> Mailbox | None:
+    """The mailbox of ``group[rank]`` if that rank lives in this process."""
+    return _MAILBOXES.get((group, rank))

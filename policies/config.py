@@ -1,0 +1,26 @@
+"""Typed config of the policy (``policy.*`` keys)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class PolicyConfig:
+    """Which model acts, and its size."""
+
+    name: str = "mlp"
+    """Registered policy (``embodied recipes --policies`` lists them): ``mlp``, ``cnn``, ..."""
+    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
+    """Widths of the hidden layers of the actor and critic MLPs."""
+    activation: str = "tanh"
+    """Hidden activation: ``tanh``, ``relu``, ``elu`` or ``gelu``."""
+    init_log_std: float = 0.0
+    """Initial log standard deviation of the Gaussian policy (continuous actions)."""
+    normalize_obs: bool = False
+    """Normalize state observations with running mean/std statistics updated by the trainer."""
+    device: str = "cpu"
+    """Device of rollout inference: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra model-specific arguments."""

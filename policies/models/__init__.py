@@ -1,0 +1,3 @@
+"""Built-in models; importing this package registers them."""
+
+from policies.models import mlp  # noqa: F401

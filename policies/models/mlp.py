@@ -1,0 +1,133 @@
+"""MLP actor-critic for state observations, discrete (Categorical) or continuous (Gaussian) actions."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+from torch.distributions import Categorical, Normal
+
+from embodied.errors import UserError
+from policies.base import ActionOutput, Evaluation, Policy
+from policies.config import PolicyConfig
+from policies.registry import POLICIES
+
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU}
+
+
+def mlp(in_dim: int, hidden: list[int], out_dim: int, activation: str, out_gain: float) -> nn.Sequential:
+    """Orthogonally initialized MLP (the PPO default: sqrt(2) gains inside, ``out_gain`` at the end)."""
+    if activation not in ACTIVATIONS:
+        raise UserError(f"policy.activation={activation!r} is not one of {', '.join(ACTIVATIONS)}.")
+    layers: list[nn.Module] = []
+    dims = [in_dim, *hidden]
+    for a, b in zip(dims[:-1], dims[1:]):
+        layers += [_init(nn.Linear(a, b), math.sqrt(2)), ACTIVATIONS[activation]()]
+    layers.append(_init(nn.Linear(dims[-1], out_dim), out_gain))
+    return nn.Sequential(*layers)
+
+
+def _init(layer: nn.Linear, gain: float) -> nn.Linear:
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+class RunningNorm(nn.Module):
+    """Running mean/variance of inputs (parallel Welford); buffers travel with the weights."""
+
+    def __init__(self, dim: int, clip: float = 10.0) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("var", torch.ones(dim))
+        self.register_buffer("count", torch.tensor(1e-4))
+        self.clip = clip
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:  # x: (B, D)
+        batch_mean, batch_var, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + n
+        self.mean += delta * n / total
+        self.var = (self.var * self.count + batch_var * n + delta.pow(2) * self.count * n / total) / total
+        self.count = total
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-self.clip, self.clip)
+
+
+class MLPActorCritic(Policy):
+    """Separate actor and critic MLPs on the flattened ``state`` observation."""
+
+    def __init__(self, cfg: PolicyConfig, observation_space: gym.spaces.Dict, action_space: gym.spaces.Space) -> None:
+        super().__init__()
+        if "state" not in observation_space.spaces:
+            raise UserError(
+                f"policy 'mlp' needs a 'state' observation; the env gives {list(observation_space.spaces)}. "
+                "Use env.obs_mode=state or a pixel policy (policy.name=cnn)."
+            )
+        self.obs_dim = int(np.prod(observation_space["state"].shape))
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        if self.discrete:
+            self.act_dim = int(action_space.n)
+            self.action_shape: tuple[int, ...] = ()
+        elif isinstance(action_space, gym.spaces.Box):
+            self.act_dim = int(np.prod(action_space.shape))
+            self.action_shape = tuple(action_space.shape)
+        else:
+            raise UserError(f"policy 'mlp' supports Discrete and Box action spaces, not {action_space}.")
+        hidden = list(cfg.hidden_sizes)
+        self.normalizer = RunningNorm(self.obs_dim) if cfg.normalize_obs else None
+        self.actor = mlp(self.obs_dim, hidden, self.act_dim, cfg.activation, out_gain=0.01)
+        self.critic = mlp(self.obs_dim, hidden, 1, cfg.activation, out_gain=1.0)
+        if not self.discrete:
+            self.log_std = nn.Parameter(torch.full((self.act_dim,), float(cfg.init_log_std)))
+
+    def _features(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        x = obs["state"].reshape(obs["state"].shape[0], -1).float()  # (B, D)
+        return self.normalizer(x) if self.normalizer is not None else x
+
+    def _dist(self, x: torch.Tensor) -> torch.distributions.Distribution:
+        logits_or_mean = self.actor(x)
+        if self.discrete:
+            return Categorical(logits=logits_or_mean)
+        return Normal(logits_or_mean, self.log_std.exp().expand_as(logits_or_mean))
+
+    def _logprob(self, dist: torch.distributions.Distribution, actions: torch.Tensor) -> torch.Tensor:
+        if self.discrete:
+            return dist.log_prob(actions.long().reshape(-1))
+        return dist.log_prob(actions.reshape(actions.shape[0], -1)).sum(-1)
+
+    def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> ActionOutput:
+        x = self._features(obs)
+        dist = self._dist(x)
+        if deterministic:
+            actions = dist.probs.argmax(-1) if self.discrete else dist.mean
+        else:
+            actions = dist.sample()
+        logprobs = self._logprob(dist, actions)
+        if not self.discrete:
+            actions = actions.reshape(actions.shape[0], *self.action_shape)
+        return ActionOutput(actions, logprobs, self.critic(x).squeeze(-1))
+
+    def evaluate(self, obs: dict[str, torch.Tensor], actions: torch.Tensor) -> Evaluation:
+        x = self._features(obs)
+        dist = self._dist(x)
+        entropy = dist.entropy() if self.discrete else dist.entropy().sum(-1)
+        return Evaluation(self._logprob(dist, actions), entropy, self.critic(x).squeeze(-1))
+
+    def value(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.critic(self._features(obs)).squeeze(-1)
+
+    def update_normalizer(self, obs: dict[str, torch.Tensor]) -> None:
+        if self.normalizer is not None:
+            self.normalizer.update(obs["state"].reshape(obs["state"].shape[0], -1).float())
+
+
+@POLICIES.register("mlp")
+def make_mlp(cfg: PolicyConfig, observation_space: gym.spaces.Dict, action_space: gym.spaces.Space) -> Policy:
+    """MLP actor-critic on state observations (discrete or continuous actions)."""
+    return MLPActorCritic(cfg, observation_space, action_space)

@@ -1,0 +1,21 @@
+"""The policy registry: ``POLICIES.get(name)(cfg, observation_space, action_space) -> Policy``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import gymnasium as gym
+
+from embodied.registry import Registry
+from policies.base import Policy
+from policies.config import PolicyConfig
+
+PolicyFactory = Callable[[PolicyConfig, gym.spaces.Dict, gym.spaces.Space], Policy]
+POLICIES: Registry[PolicyFactory] = Registry("policy")
+
+
+def build_policy(cfg: PolicyConfig, observation_space: gym.spaces.Dict, action_space: gym.spaces.Space) -> Policy:
+    """Instantiate the registered policy ``cfg.name`` for these spaces."""
+    import policies.models  # noqa: F401  (registers the built-in models)
+
+    return POLICIES.get(cfg.name)(cfg, observation_space, action_space)

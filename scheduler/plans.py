@@ -1,0 +1,144 @@
+"""What the planner outputs: a :class:`Plan` (the micro flow) and its predicted :class:`Timeline`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler._json import check_keys
+
+MODES = ("colocated", "disaggregated", "hybrid")
+"""Placement modes, simplest first (the planner's tie-break order)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A micro flow the runtime executes.
+
+    The runtime acts on ``placement``, ``num_chunks``, ``train_microbatch`` and ``offload``;
+    ``mode`` names the shape of the placement for humans and logs.
+    """
+
+    mode: str
+    """One of :data:`MODES`."""
+    placement: dict[str, tuple[int, ...]]
+    """Component -> indices (into ``Resources.devices``) of the devices its worker group uses."""
+    num_chunks: int
+    """Micro-chunks each batch is split into (env batch or prompt batch); see ``chunk_sizes``."""
+    train_microbatch: int | None
+    """Samples per actor forward/backward call (over all actor devices); None = runtime default."""
+    offload: tuple[str, ...]
+    """Components that leave their devices' memory outside their own phase (sorted)."""
+    predicted_iteration_s: float
+    """Simulated seconds of one iteration (NaN when planned without a profile)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"Plan.mode must be one of {MODES}, got {self.mode!r}")
+        if self.num_chunks < 1:
+            raise ValueError(f"Plan.num_chunks must be >= 1, got {self.num_chunks}")
+        if self.train_microbatch is not None and self.train_microbatch < 1:
+            raise ValueError(f"Plan.train_microbatch must be >= 1 or None, got {self.train_microbatch}")
+        for name, devices in self.placement.items():
+            if not isinstance(devices, tuple) or not devices or len(set(devices)) != len(devices):
+                raise ValueError(f"Plan.placement[{name!r}] must be a non-empty tuple of distinct ints, got {devices!r}")
+        unknown = sorted(set(self.offload) - set(self.placement))
+        if unknown:
+            raise ValueError(f"Plan.offload names components that are not placed: {unknown}")
+
+    def to_dict(self) -> dict[str, Any]:
+        predicted = self.predicted_iteration_s
+        return {
+            "mode": self.mode,
+            "placement": {name: list(devices) for name, devices in self.placement.items()},
+            "num_chunks": self.num_chunks,
+            "train_microbatch": self.train_microbatch,
+            "offload": list(self.offload),
+            "predicted_iteration_s": None if math.isnan(predicted) else predicted,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        keys = ("mode", "placement", "num_chunks", "train_microbatch", "offload", "predicted_iteration_s")
+        check_keys("Plan", data, keys, required=("mode", "placement", "num_chunks"))
+        predicted = data.get("predicted_iteration_s")
+        microbatch = data.get("train_microbatch")
+        return cls(
+            mode=data["mode"],
+            placement={name: tuple(int(i) for i in devices) for name, devices in data["placement"].items()},
+            num_chunks=int(data["num_chunks"]),
+            train_microbatch=None if microbatch is None else int(microbatch),
+            offload=tuple(data.get("offload", ())),
+            predicted_iteration_s=math.nan if predicted is None else float(predicted),
+        )
+
+    def placement_str(self) -> str:
+        """E.g. ``"env:0-1 rollout:2 actor:0-3"``; offloaded components end in ``*``."""
+        parts = []
+        for name, devices in self.placement.items():
+            star = "*" if name in self.offload else ""
+            parts.append(f"{name}:{_ranges(devices)}{star}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Span:
+    """One task's occupation of one device (a task on d devices gives d spans)."""
+
+    component: str
+    device: int
+    start_s: float
+    end_s: float
+    step: int | None
+    """Env/rollout step t (embodied); None otherwise."""
+    chunk: int | None
+    """Micro-chunk index; None for whole-batch tasks."""
+    label: str
+    """Unique name of the task, e.g. ``"env t3 c1"``, ``"actor epoch 0"``, ``"offload rollout @2"``."""
+    kind: str = "work"
+    """``"work"``, ``"sync"`` (weight sync), ``"onload"`` or ``"offload"``."""
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """A simulated iteration: spans, makespan and per-device utilization."""
+
+    spans: tuple[Span, ...]
+    makespan_s: float
+    utilization: dict[int, float]
+    """Device index -> fraction of the makespan it runs work or sync spans (context switches excluded)."""
+
+    @property
+    def mean_utilization(self) -> float:
+        return sum(self.utilization.values()) / len(self.utilization) if self.utilization else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "spans": [s.to_dict() for s in self.spans],
+            "makespan_s": self.makespan_s,
+            "utilization": {str(d): u for d, u in self.utilization.items()},
+        }
+
+
+def _ranges(indices: tuple[int, ...]) -> str:
+    """``(0, 1, 2, 5)`` -> ``"0-2,5"``."""
+    out: list[str] = []
+    ordered = sorted(indices)
+    start = prev = ordered[0]
+    for i in ordered[1:] + [None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ",".join(out)

@@ -1,0 +1,262 @@
+"""Macro flows: a :class:`Workflow` describes one iteration; its kind turns it into a task graph.
+
+Kinds live in :data:`WORKFLOW_KINDS` (a registry of builder specs, no if/elif on the kind):
+
+``embodied``
+    Per chunk c, a strict alternation ``env t0 → rollout t0 → env t1 → … → rollout t(T-1)``:
+    ``env t`` steps the chunk's envs (t = 0 starts from the reset / carried-over observation and
+    has no input from this iteration), ``rollout t`` infers the actions for the obs of ``env t``.
+    After every chunk's last rollout, the actor trains ``train_epochs`` epochs on all
+    ``num_envs * rollout_steps`` samples (PPO needs the whole batch before its first epoch), in
+    calls of ``train_microbatch`` samples. Then weights sync to the rollout workers.
+
+``reasoning``
+    Per chunk c (a set of whole prompts, i.e. whole GRPO groups): ``rollout c`` generates
+    ``prompts * group_size`` samples, ``reward c`` scores them, ``actor epoch 0 c`` trains on them
+    as they arrive (streaming); later epochs run over the whole batch. Then weights sync.
+
+Component names are fixed per kind and must be keys of the :class:`~scheduler.Profile`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from scheduler._json import check_keys
+from scheduler.graph import WORK, Dep, Task, call_sizes, chunk_sizes
+from scheduler.plans import Plan
+from scheduler.profile import WEIGHT_SYNC, Profile
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """One iteration of a macro flow. Build it with :meth:`embodied` or :meth:`reasoning`."""
+
+    kind: str
+    """A key of :data:`WORKFLOW_KINDS`: ``"embodied"`` or ``"reasoning"``."""
+    num_envs: int = 0
+    """embodied: parallel envs in one iteration, summed over all env workers (the plan divides them)."""
+    rollout_steps: int = 0
+    """embodied: control steps T per env per iteration."""
+    num_prompts: int = 0
+    """reasoning: prompts per iteration."""
+    group_size: int = 0
+    """reasoning: samples generated per prompt (one GRPO group)."""
+    train_epochs: int = 1
+    """Passes of the actor over the iteration's samples."""
+    train_minibatch: int | None = None
+    """embodied: samples per optimizer step (PPO minibatch); None = all. Micro-batches never cross it."""
+
+    def __post_init__(self) -> None:
+        spec = workflow_kind(self.kind)
+        if self.train_epochs < 1:
+            raise ValueError(f"Workflow.train_epochs must be >= 1, got {self.train_epochs}")
+        spec.validate(self)
+
+    @classmethod
+    def embodied(
+        cls, num_envs: int, rollout_steps: int, train_epochs: int = 1, train_minibatch: int | None = None
+    ) -> Workflow:
+        return cls("embodied", num_envs=num_envs, rollout_steps=rollout_steps, train_epochs=train_epochs,
+                   train_minibatch=train_minibatch)
+
+    @classmethod
+    def reasoning(cls, num_prompts: int, group_size: int, train_epochs: int = 1) -> Workflow:
+        return cls("reasoning", num_prompts=num_prompts, group_size=group_size, train_epochs=train_epochs)
+
+    @property
+    def spec(self) -> WorkflowKind:
+        return workflow_kind(self.kind)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Workflow:
+        check_keys("Workflow", data, [f.name for f in fields(cls)], required=("kind",))
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class WorkflowKind:
+    """How one kind of workflow maps onto components, phases and tasks."""
+
+    components: tuple[str, ...]
+    """Components the planner places, in flow order."""
+    phases: Mapping[str, int]
+    """Component -> phase index; a device runs one phase after the other (context switch between)."""
+    phase_names: tuple[str, ...]
+    hybrid_shared: tuple[str, ...]
+    """Components that span all their eligible devices in hybrid mode (the others are disjoint)."""
+    validate: Callable[[Workflow], None]
+    chunk_total: Callable[[Workflow], int]
+    """How many items the chunks partition (envs or prompts): the upper bound of ``num_chunks``."""
+    memory_items: Callable[[Workflow, int, int | None], dict[str, int]]
+    """``(workflow, num_chunks, train_microbatch)`` -> items each component holds per call (all devices)."""
+    microbatch_candidates: Callable[[Workflow], tuple[int, ...]]
+    """Actor micro-batch sizes worth trying, largest first."""
+    build: Callable[[Workflow, Plan, Profile], list[Task]]
+    """The work tasks (no context switches) of one iteration under a plan."""
+
+
+def workflow_kind(kind: str) -> WorkflowKind:
+    try:
+        return WORKFLOW_KINDS[kind]
+    except KeyError:
+        raise ValueError(f"unknown workflow kind {kind!r}; known: {sorted(WORKFLOW_KINDS)}") from None
+
+
+# --------------------------------------------------------------------------------------- helpers
+
+
+def _require_positive(workflow: Workflow, names: tuple[str, ...], unused: tuple[str, ...]) -> None:
+    for name in names:
+        if getattr(workflow, name) < 1:
+            raise ValueError(f"{workflow.kind} workflow needs {name} >= 1, got {getattr(workflow, name)}")
+    defaults = {f.name: f.default for f in fields(Workflow)}
+    for name in unused:
+        if getattr(workflow, name) != defaults[name]:
+            raise ValueError(f"{workflow.kind} workflow does not use {name}; leave it at {defaults[name]!r}")
+
+
+def _powers_of_two_below(cap: int, unit: int = 1) -> tuple[int, ...]:
+    """``cap`` and ``unit * 2**i < cap``, largest first."""
+    out = [cap]
+    size = unit
+    while size < cap:
+        out.append(size)
+        size *= 2
+    return tuple(sorted(set(out), reverse=True))
+
+
+def _weight_sync(plan: Plan, profile: Profile, after: str, phase: int, target: str = "rollout") -> list[Task]:
+    """The weight sync actor -> ``target`` as a task on the target's devices (omitted if it is free)."""
+    devices = plan.placement[target]
+    local_s = profile[WEIGHT_SYNC].cost.time_s(1, len(devices)) if WEIGHT_SYNC in profile.components else 0.0
+    crosses = plan.placement["actor"] != devices
+    if local_s == 0.0 and not (crosses and profile.message_s(profile[target].weights_mib) > 0):
+        return []
+    dep = Dep(after, profile[target].weights_mib)
+    return [Task(WEIGHT_SYNC, WEIGHT_SYNC, devices, local_s, (dep,), (phase, WORK, 0, 0, 0), kind="sync")]
+
+
+# -------------------------------------------------------------------------------------- embodied
+
+
+def _embodied_validate(w: Workflow) -> None:
+    _require_positive(w, ("num_envs", "rollout_steps"), ("num_prompts", "group_size"))
+    if w.train_minibatch is not None and not 1 <= w.train_minibatch <= w.num_envs * w.rollout_steps:
+        raise ValueError(f"train_minibatch must lie in [1, num_envs * rollout_steps], got {w.train_minibatch}")
+
+
+def _embodied_memory_items(w: Workflow, num_chunks: int, microbatch: int | None) -> dict[str, int]:
+    return {
+        "env": w.num_envs,  # every env's state stays resident, not only the running chunk
+        "rollout": max(chunk_sizes(w.num_envs, num_chunks)),
+        "actor": microbatch or w.train_minibatch or w.num_envs * w.rollout_steps,
+    }
+
+
+def _embodied_microbatches(w: Workflow) -> tuple[int, ...]:
+    return _powers_of_two_below(w.train_minibatch or w.num_envs * w.rollout_steps)
+
+
+def _embodied_build(w: Workflow, plan: Plan, profile: Profile) -> list[Task]:
+    env, rollout, actor = profile["env"], profile["rollout"], profile["actor"]
+    env_devices, rollout_devices, actor_devices = (plan.placement[c] for c in ("env", "rollout", "actor"))
+    sizes = chunk_sizes(w.num_envs, plan.num_chunks)
+    env_s = [env.cost.time_s(s, len(env_devices)) for s in sizes]
+    rollout_s = [rollout.cost.time_s(s, len(rollout_devices)) for s in sizes]
+    tasks: list[Task] = []
+    for t in range(w.rollout_steps):
+        for c, size in enumerate(sizes):
+            actions = () if t == 0 else (Dep(f"rollout t{t - 1} c{c}", size * rollout.output_mib_per_item),)
+            tasks.append(Task(f"env t{t} c{c}", "env", env_devices, env_s[c], actions, (0, WORK, t, c, 0), t, c))
+            obs = (Dep(f"env t{t} c{c}", size * env.output_mib_per_item),)
+            tasks.append(Task(f"rollout t{t} c{c}", "rollout", rollout_devices, rollout_s[c], obs, (0, WORK, t, c, 1), t, c))
+
+    last = w.rollout_steps - 1
+    sample_mib = env.output_mib_per_item + rollout.output_mib_per_item
+    trajectories = tuple(Dep(f"rollout t{last} c{c}", size * w.rollout_steps * sample_mib) for c, size in enumerate(sizes))
+    samples = w.num_envs * w.rollout_steps
+    minibatches = call_sizes(samples, w.train_minibatch)
+    calls = [b for mb in minibatches for b in call_sizes(mb, plan.train_microbatch)]
+    epoch_s = sum(actor.cost.time_s(b, len(actor_devices)) for b in calls)
+    deps: tuple[Dep, ...] = trajectories
+    for e in range(w.train_epochs):
+        name = f"actor epoch {e}"
+        tasks.append(Task(name, "actor", actor_devices, epoch_s, deps, (1, WORK, e, 0, 0)))
+        deps = (Dep(name),)
+    return tasks + _weight_sync(plan, profile, after=deps[0].task, phase=2)
+
+
+# ------------------------------------------------------------------------------------- reasoning
+
+
+def _reasoning_validate(w: Workflow) -> None:
+    _require_positive(w, ("num_prompts", "group_size"), ("num_envs", "rollout_steps", "train_minibatch"))
+
+
+def _reasoning_memory_items(w: Workflow, num_chunks: int, microbatch: int | None) -> dict[str, int]:
+    chunk_samples = max(chunk_sizes(w.num_prompts, num_chunks)) * w.group_size
+    return {"rollout": chunk_samples, "reward": chunk_samples, "actor": microbatch or w.num_prompts * w.group_size}
+
+
+def _reasoning_microbatches(w: Workflow) -> tuple[int, ...]:
+    return _powers_of_two_below(w.num_prompts * w.group_size, unit=w.group_size)
+
+
+def _reasoning_build(w: Workflow, plan: Plan, profile: Profile) -> list[Task]:
+    rollout, reward, actor = profile["rollout"], profile["reward"], profile["actor"]
+    rollout_devices, reward_devices, actor_devices = (plan.placement[c] for c in ("rollout", "reward", "actor"))
+    group = w.group_size
+
+    def train_s(samples: int) -> float:
+        return sum(actor.cost.time_s(b, len(actor_devices)) for b in call_sizes(samples, plan.train_microbatch, group))
+
+    tasks: list[Task] = []
+    for c, prompts in enumerate(chunk_sizes(w.num_prompts, plan.num_chunks)):
+        samples = prompts * group
+        tasks.append(Task(f"rollout c{c}", "rollout", rollout_devices, rollout.cost.time_s(samples, len(rollout_devices)),
+                          (), (0, WORK, c, 0, 0), chunk=c))
+        responses = (Dep(f"rollout c{c}", samples * rollout.output_mib_per_item),)
+        tasks.append(Task(f"reward c{c}", "reward", reward_devices, reward.cost.time_s(samples, len(reward_devices)),
+                          responses, (0, WORK, c, 1, 0), chunk=c))
+        scored = (Dep(f"reward c{c}", samples * (rollout.output_mib_per_item + reward.output_mib_per_item)),)
+        tasks.append(Task(f"actor epoch 0 c{c}", "actor", actor_devices, train_s(samples), scored, (1, WORK, 0, c, 0), chunk=c))
+    last = f"actor epoch 0 c{plan.num_chunks - 1}"
+    epoch_s = train_s(w.num_prompts * group)
+    for e in range(1, w.train_epochs):
+        deps = tuple(Dep(t.name) for t in tasks if t.component == "actor") if e == 1 else (Dep(last),)
+        last = f"actor epoch {e}"
+        tasks.append(Task(last, "actor", actor_devices, epoch_s, deps, (1, WORK, e, 0, 0)))
+    return tasks + _weight_sync(plan, profile, after=last, phase=2)
+
+
+WORKFLOW_KINDS: dict[str, WorkflowKind] = {
+    "embodied": WorkflowKind(
+        components=("env", "rollout", "actor"),
+        phases={"env": 0, "rollout": 0, "actor": 1},
+        phase_names=("rollout", "train"),
+        hybrid_shared=("actor",),
+        validate=_embodied_validate,
+        chunk_total=lambda w: w.num_envs,
+        memory_items=_embodied_memory_items,
+        microbatch_candidates=_embodied_microbatches,
+        build=_embodied_build,
+    ),
+    "reasoning": WorkflowKind(
+        components=("rollout", "reward", "actor"),
+        phases={"rollout": 0, "reward": 0, "actor": 1},
+        phase_names=("generate", "train"),
+        hybrid_shared=("actor",),
+        validate=_reasoning_validate,
+        chunk_total=lambda w: w.num_prompts,
+        memory_items=_reasoning_memory_items,
+        microbatch_candidates=_reasoning_microbatches,
+        build=_reasoning_build,
+    ),
+}
+"""Registry of workflow kinds. Add a kind by adding an entry; nothing else branches on the kind."""
