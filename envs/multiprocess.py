@@ -2,31 +2,43 @@
 
 Each worker process owns a contiguous shard of the envs and steps it with a
 :class:`~envs.serial.SerialVecEnv`, so auto-reset, episode stats and the exact ``chunk_step``
-semantics are the in-process ones. The parent sends ONE message per worker per call (the
-worker's rows of the actions) and concatenates the replies back in env order:
+semantics are the in-process ones. The parent sends ONE message per worker per call and puts the
+replies back together in env order:
 
-    parent ── actions[0:k] ──▶ worker 0: SerialVecEnv(envs 0..k-1) ── StepResult ──▶ parent
-           ── actions[k:N] ──▶ worker 1: SerialVecEnv(envs k..N-1) ── StepResult ──┘
+    parent ── step ──▶ worker 0: SerialVecEnv(envs 0..k-1) ──▶ rows 0..k-1 of the batch
+           ── step ──▶ worker 1: SerialVecEnv(envs k..N-1) ──▶ rows k..N-1 of the batch
+
+Transport: ``step`` (the hot path) passes actions, observations, rewards, dones and success
+through one shared-memory block laid out as the batch arrays, and only a one-byte command and a
+tiny reply through the pipe; what does not fit the layout (final observations, finished-episode
+stats, unexpected keys or dtypes) travels pickled in that reply. ``reset``, ``chunk_step``
+(one message per chunk, so already amortised) and ``render`` travel pickled through the pipe.
 
 ``step_async`` / ``step_wait`` (and ``chunk_step_async`` / ``chunk_step_wait``) split the send
 from the receive so a caller can overlap policy inference with simulation.
 
-Robustness: every wait watches both the pipe and the process sentinel, so a killed worker raises
-:class:`EnvWorkerError` at once instead of hanging; an exception inside a worker is re-raised in
-the parent with the worker index and the worker's traceback text (a :class:`UserError` stays a
-``UserError``). ``close`` ends and reaps every worker, also after a crash.
+Robustness: every wait polls the pipe in short slices and checks the process between them, so a
+killed worker raises :class:`EnvWorkerError` at once instead of hanging; an exception inside a
+worker is re-raised in the parent with the worker index and the worker's traceback text (a
+:class:`UserError` stays a ``UserError``). ``close`` ends and reaps every worker, also after a crash.
+
+Scripts that use this class must guard their entry point with ``if __name__ == "__main__":``
+(the ``forkserver`` and ``spawn`` start methods re-import the main module in each worker).
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
+import select
 import signal
 import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
+from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
 import cloudpickle
@@ -38,11 +50,13 @@ from envs.base import Array, ChunkStepResult, EpisodeStats, Obs, StepResult, Vec
 
 EnvFn = Callable[[], gym.Env]
 
-#: How often a wait for a reply checks that the worker is still alive (a reply ends the wait at once).
-_LIVENESS_SLICE_S = 0.5
-
 #: Env vars that stop one worker from spawning a thread per core (2 cores shared by N workers).
 SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "LP_NUM_THREADS": "1"}
+
+#: How often a wait for a reply checks that the worker is still alive (a reply ends the wait at once).
+_LIVENESS_SLICE_MS = 500
+#: The one-byte command of the hot path: "step with the actions in shared memory".
+_STEP_SHARED = b"S"
 
 
 class EnvWorkerError(RuntimeError):
@@ -54,14 +68,136 @@ class EnvWorkerError(RuntimeError):
         self.worker_traceback = worker_traceback
 
 
+# --- shared-memory layout of one step's batch arrays ------------------------------------------------
+
+
+class StepBuffers:
+    """Batch arrays of one ``step`` in one shared-memory block: (N, ...) each, env-major.
+
+    ``actions`` (N, *act_shape), ``obs[key]`` (N, *shape) for every Box key of the observation
+    space, ``reward`` (N,) float32, ``terminated``/``truncated``/``success`` (N,) bool. Worker i
+    writes rows ``start:end``; the parent copies whole arrays out, so no concatenation is needed.
+    """
+
+    def __init__(self, shm: SharedMemory, layout: list[tuple[str, int, tuple[int, ...], str]], owner: bool) -> None:
+        self.shm = shm
+        self.layout = layout
+        self.owner = owner
+        self.arrays: dict[str, np.ndarray] = {
+            name: np.ndarray(shape, np.dtype(dtype), buffer=shm.buf, offset=offset) for name, offset, shape, dtype in layout
+        }
+        self.actions = self.arrays["actions"]
+        self.reward = self.arrays["reward"]
+        self.terminated = self.arrays["terminated"]
+        self.truncated = self.arrays["truncated"]
+        self.success = self.arrays["success"]
+        self.obs = {name[4:]: arr for name, arr in self.arrays.items() if name.startswith("obs/")}
+
+    @staticmethod
+    def create(num_envs: int, observation_space: gym.spaces.Dict, action_space: gym.Space) -> StepBuffers | None:
+        """Allocate the block for these spaces, or None when a space has no fixed array layout."""
+        fields: list[tuple[str, tuple[int, ...], np.dtype]] = []
+        if not isinstance(action_space, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+            return None
+        fields.append(("actions", (num_envs, *(action_space.shape or ())), np.dtype(action_space.dtype)))
+        for key, space in observation_space.spaces.items():
+            if not isinstance(space, gym.spaces.Box):
+                return None
+            fields.append((f"obs/{key}", (num_envs, *space.shape), np.dtype(space.dtype)))
+        fields += [
+            ("reward", (num_envs,), np.dtype(np.float32)),
+            ("terminated", (num_envs,), np.dtype(bool)),
+            ("truncated", (num_envs,), np.dtype(bool)),
+            ("success", (num_envs,), np.dtype(bool)),
+        ]
+        layout, offset = [], 0
+        for name, shape, dtype in fields:
+            layout.append((name, offset, shape, dtype.str))
+            offset += -(-int(np.prod(shape)) * dtype.itemsize // 64) * 64  # 64-byte aligned slots
+        shm = SharedMemory(create=True, size=max(offset, 64))
+        return StepBuffers(shm, layout, owner=True)
+
+    @staticmethod
+    def attach(name: str, layout: list[tuple[str, int, tuple[int, ...], str]]) -> StepBuffers:
+        return StepBuffers(SharedMemory(name=name), layout, owner=False)
+
+    def spec(self) -> tuple[str, list[tuple[str, int, tuple[int, ...], str]]]:
+        return self.shm.name, self.layout
+
+    # worker side
+    def write(self, result: StepResult, start: int, end: int) -> dict[str, Any]:
+        """Write ``result`` (rows start:end) into the block; returns what did not fit (usually {})."""
+        extras: dict[str, Any] = {}
+        if set(result.obs) == set(self.obs) and all(
+            v.dtype == self.obs[k].dtype and v.shape == self.obs[k][start:end].shape for k, v in result.obs.items()
+        ):
+            for k, v in result.obs.items():
+                self.obs[k][start:end] = v
+        else:
+            extras["obs"] = result.obs
+        self.reward[start:end] = result.reward
+        self.terminated[start:end] = result.terminated
+        self.truncated[start:end] = result.truncated
+        info = dict(result.info)
+        if "success" in info:
+            self.success[start:end] = info.pop("success")
+            extras["has_success"] = True
+        if info:
+            extras["info"] = info
+        if result.final_obs is not None or result.episodes.done.any():
+            extras["final_obs"] = result.final_obs
+            extras["episodes"] = result.episodes
+        return extras
+
+    # parent side
+    def read(self, extras: Sequence[dict[str, Any]], bounds: Sequence[tuple[int, int]]) -> StepResult:
+        """The StepResult of all envs from the block (copied out) and the workers' extras."""
+        obs_rows = [self._obs_rows(ex, start, end) for ex, (start, end) in zip(extras, bounds)]
+        if any("obs" in ex for ex in extras):
+            obs = concat_obs(obs_rows)
+        else:
+            obs = {k: v.copy() for k, v in self.obs.items()}
+        has_success = any(ex.get("has_success", False) for ex in extras)
+        finals = [ex.get("final_obs") for ex in extras]
+        episodes = [ex.get("episodes") or _no_episodes(end - start, has_success) for ex, (start, end) in zip(extras, bounds)]
+        info = {}
+        if any("info" in ex for ex in extras):
+            info = _concat_info([ex.get("info", {}) for ex in extras], [end - start for start, end in bounds])
+        if has_success:
+            info["success"] = self.success.copy()
+        return StepResult(
+            obs=obs,
+            reward=self.reward.copy(),
+            terminated=self.terminated.copy(),
+            truncated=self.truncated.copy(),
+            final_obs=_concat_final(finals, obs_rows),
+            episodes=_concat_episodes(episodes),
+            info=info,
+        )
+
+    def _obs_rows(self, extra: dict[str, Any], start: int, end: int) -> Obs:
+        return extra["obs"] if "obs" in extra else {k: v[start:end] for k, v in self.obs.items()}
+
+    def close(self) -> None:
+        self.arrays, self.obs = {}, {}
+        self.actions = self.reward = self.terminated = self.truncated = self.success = None  # type: ignore[assignment]
+        try:
+            self.shm.close()
+            if self.owner:
+                self.shm.unlink()
+        except (FileNotFoundError, BufferError):
+            pass
+
+
+def _no_episodes(n: int, has_success: bool) -> EpisodeStats:
+    return EpisodeStats(np.zeros(n, bool), np.zeros(n, np.float32), np.zeros(n, np.int64), np.zeros(n, bool) if has_success else None)
+
+
 # --- worker side ---------------------------------------------------------------------------------
 
 
-def _worker_main(
-    index: int, conn: Connection, parent_conn: Connection, payload: bytes, env_vars: dict[str, str]
-) -> None:
+def _worker_main(index: int, conn: Connection, payload: bytes, env_vars: dict[str, str]) -> None:
     """Entry point of worker ``index``: build a SerialVecEnv over its shard, then serve commands."""
-    parent_conn.close()  # only the parent's end of our own pipe was inherited (fork); not used here
     # Ctrl-C reaches the whole process group; the parent handles it and closes us cleanly.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Before any simulator (or torch) import: the parent's environment (a forkserver started
@@ -71,6 +207,8 @@ def _worker_main(
         os.environ.setdefault(key, value)
     _limit_torch_threads()
     venv = None
+    buffers: StepBuffers | None = None
+    rows = (0, 0)
     try:
         env_fns, instructions = cloudpickle.loads(payload)
         from envs.serial import SerialVecEnv
@@ -80,17 +218,28 @@ def _worker_main(
         conn.send(("ok", (venv.observation_space, venv.action_space)))
         while True:
             try:
-                command, arg = conn.recv()
+                message = conn.recv_bytes()
             except (EOFError, OSError):  # the parent is gone
                 break
-            if command == "close":
-                venv.close()
-                conn.send(("ok", None))
-                break
             try:
-                conn.send(("ok", _run_command(venv, command, arg)))
+                if message == _STEP_SHARED:
+                    assert buffers is not None, "step through shared memory before attach"
+                    start, end = rows
+                    result = venv.step(buffers.actions[start:end].copy())
+                    reply: tuple[str, Any] = ("ok", buffers.write(result, start, end))
+                else:
+                    command, arg = pickle.loads(message)
+                    if command == "close":
+                        break
+                    if command == "attach":
+                        (name, layout), rows = arg
+                        buffers = StepBuffers.attach(name, layout)
+                        reply = ("ok", None)
+                    else:
+                        reply = ("ok", _run_command(venv, command, arg))
             except Exception as err:  # noqa: BLE001 - every error goes back to the parent
-                conn.send(("error", _describe(err)))
+                reply = ("error", _describe(err))
+            conn.send(reply)
     except KeyboardInterrupt:
         pass
     except Exception as err:  # noqa: BLE001 - a failed env constructor
@@ -99,15 +248,21 @@ def _worker_main(
         except (BrokenPipeError, OSError):
             pass
     finally:
+        if buffers is not None:
+            buffers.close()
         if venv is not None:
             try:
                 venv.close()
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
+        try:
+            conn.send(("ok", None))  # acknowledges "close"; fails harmlessly if the parent is gone
+        except (BrokenPipeError, OSError):
+            pass
         conn.close()
 
 
-def _run_command(venv: VecEnv, command: str, arg: Any) -> Any:
+def _run_command(venv: Any, command: str, arg: Any) -> Any:
     if command == "step":
         return venv.step(arg)
     if command == "chunk_step":
@@ -156,9 +311,10 @@ class MultiprocessVecEnv(VecEnv):
     instructions: optional language instruction per env.
     context:      multiprocessing start method, ``"forkserver"`` (default) or ``"spawn"``;
                   ``"fork"`` is accepted but unsafe once torch or a simulator has started threads.
-    timeout_s:    longest wait for one reply (None: wait while the worker is alive); a stuck
+    timeout_s:    longest wait for one reply (None: wait as long as the worker is alive); a stuck
                   worker then raises :class:`EnvWorkerError`.
     start_timeout_s: longest wait for the workers to build their envs.
+    shared_memory: pass ``step`` batches through shared memory (False: everything pickled).
     """
 
     def __init__(
@@ -169,6 +325,7 @@ class MultiprocessVecEnv(VecEnv):
         context: str = "forkserver",
         timeout_s: float | None = None,
         start_timeout_s: float | None = 600.0,
+        shared_memory: bool = True,
     ) -> None:
         if len(env_fns) < 1:
             raise UserError("MultiprocessVecEnv needs at least one env constructor.")
@@ -185,6 +342,8 @@ class MultiprocessVecEnv(VecEnv):
         self._waiting: str | None = None  # the command whose replies are outstanding
         self._conns: list[Connection] = []
         self._procs: list[mp.process.BaseProcess] = []
+        self._pollers: list[select.poll] = []
+        self._buffers: StepBuffers | None = None
         ctx = mp.get_context(context)
         env_vars = dict(os.environ)
         try:
@@ -193,39 +352,43 @@ class MultiprocessVecEnv(VecEnv):
                 payload = cloudpickle.dumps((list(env_fns[start:end]), shard_instr))
                 parent_conn, child_conn = ctx.Pipe(duplex=True)
                 proc = ctx.Process(
-                    target=_worker_main,
-                    args=(i, child_conn, parent_conn, payload, env_vars),
-                    name=f"EnvWorker-{i}",
-                    daemon=True,
+                    target=_worker_main, args=(i, child_conn, payload, env_vars), name=f"EnvWorker-{i}", daemon=True
                 )
                 proc.start()
                 child_conn.close()
                 self._conns.append(parent_conn)
                 self._procs.append(proc)
+                poller = select.poll()  # one per pipe: cheaper than Connection.poll's selector per call
+                poller.register(parent_conn.fileno(), select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR)
+                self._pollers.append(poller)
             spaces = self._gather("start", timeout_s=start_timeout_s)
+            self.observation_space, self.action_space = spaces[0]
+            if shared_memory:
+                self._buffers = StepBuffers.create(self.num_envs, self.observation_space, self.action_space)
+            if self._buffers is not None:
+                self._waiting = "attach"
+                self._send_all("attach", [(self._buffers.spec(), bounds) for bounds in self.bounds])
+                self._finish("attach")
         except BaseException:
-            self.close()
+            self.close(timeout_s=2.0)
             raise
-        self.observation_space, self.action_space = spaces[0]
 
     # --- messaging -------------------------------------------------------------------------------
     def _send_all(self, command: str, args: Sequence[Any]) -> None:
         for i, (conn, arg) in enumerate(zip(self._conns, args)):
-            try:
-                conn.send((command, arg))
-            except (BrokenPipeError, OSError):
-                self._waiting = None
-                raise self._dead(i, command) from None
+            self._send_bytes(i, command, pickle.dumps((command, arg), protocol=pickle.HIGHEST_PROTOCOL))
+
+    def _send_bytes(self, i: int, command: str, message: bytes) -> None:
+        try:
+            self._conns[i].send_bytes(message)
+        except (BrokenPipeError, OSError):
+            self._broken(self._dead(i, command))
 
     def _gather(self, command: str, timeout_s: float | None = None) -> list[Any]:
-        """One reply per worker, in worker order; raises after draining every live worker.
-
-        Replies are read in worker order with ``poll`` in short slices: a reply is taken the moment
-        it arrives, a dead worker shows as EOF on its pipe (or as not alive between slices).
-        """
+        """One reply per worker, in worker order; raises after draining every live worker."""
         replies: list[Any] = [None] * len(self._conns)
         failure: Exception | None = None
-        for i, conn in enumerate(self._conns):
+        for i in range(len(self._conns)):
             status, value = self._recv(i, command, timeout_s)
             if status == "ok":
                 replies[i] = value
@@ -236,10 +399,12 @@ class MultiprocessVecEnv(VecEnv):
         return replies
 
     def _recv(self, i: int, command: str, timeout_s: float | None) -> tuple[str, Any]:
-        conn, proc = self._conns[i], self._procs[i]
+        # Wait on the pipe in slices (a reply ends the wait at once) and check between slices that
+        # the worker is alive; a dead worker usually shows at once as EOF on its pipe.
+        conn, proc, poller = self._conns[i], self._procs[i], self._pollers[i]
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
-            while not conn.poll(_LIVENESS_SLICE_S):
+            while not poller.poll(_LIVENESS_SLICE_MS):
                 if not proc.is_alive() and not conn.poll():
                     self._broken(self._dead(i, command))
                 if deadline is not None and time.monotonic() > deadline:
@@ -275,7 +440,7 @@ class MultiprocessVecEnv(VecEnv):
 
     def _broken(self, err: EnvWorkerError) -> None:
         """A worker is dead or stuck: the batch cannot continue; free everything and raise."""
-        self._waiting = None
+        self._waiting = "broken"
         self.close(timeout_s=2.0)
         raise err
 
@@ -283,51 +448,57 @@ class MultiprocessVecEnv(VecEnv):
         start, end = self.bounds[i]
         return f"envs {start}..{end - 1}"
 
-    def _check_open(self) -> None:
+    def _begin(self, command: str) -> None:
         if self._closed:
             raise RuntimeError("MultiprocessVecEnv is closed (or a worker died); make a new one.")
+        if self._waiting is not None:
+            raise RuntimeError(f"{command} called while {self._waiting!r} is in flight; call its *_wait() first.")
+        self._waiting = command
 
-    def _split(self, actions: np.ndarray) -> list[np.ndarray]:
-        return [actions[start:end] for start, end in self.bounds]
+    def _finish(self, command: str) -> list[Any]:
+        if self._closed:
+            raise RuntimeError("MultiprocessVecEnv is closed (or a worker died); make a new one.")
+        if self._waiting != command:
+            raise RuntimeError(f"no {command!r} in flight to wait for (in flight: {self._waiting}).")
+        try:
+            return self._gather(command, self.timeout_s)
+        finally:
+            if not self._closed:
+                self._waiting = None
 
     # --- async contract ----------------------------------------------------------------------------
     def step_async(self, actions: Array) -> None:
-        """Send each worker its rows of ``actions`` (N, A) and return at once."""
-        self._begin("step")
+        """Send each worker its rows of ``actions`` (N, *act_shape) and return at once."""
         actions = to_numpy(actions)
-        if actions.shape[0] != self.num_envs:
-            self._waiting = None
-            raise UserError(f"step expects actions for num_envs={self.num_envs} envs, got shape {tuple(actions.shape)}.")
-        self._send_all("step", self._split(actions))
+        act_shape = (self.num_envs, *(self.action_space.shape or ()))
+        if actions.shape[:1] != (self.num_envs,):
+            raise UserError(f"step expects actions of shape {act_shape}, got {tuple(actions.shape)}.")
+        buffers = self._buffers
+        if buffers is not None and actions.shape == buffers.actions.shape and actions.dtype == buffers.actions.dtype:
+            self._begin("step_shared")
+            buffers.actions[...] = actions
+            for i in range(self.num_procs):
+                self._send_bytes(i, "step", _STEP_SHARED)
+        else:  # an unexpected dtype or shape goes pickled, so the envs see exactly what was given
+            self._begin("step")
+            self._send_all("step", [actions[start:end] for start, end in self.bounds])
 
     def step_wait(self) -> StepResult:
         """The :class:`StepResult` of the step sent by ``step_async``."""
+        if self._waiting == "step_shared":
+            assert self._buffers is not None
+            return self._buffers.read(self._finish("step_shared"), self.bounds)
         return concat_step_results(self._finish("step"))
 
     def chunk_step_async(self, actions: Array) -> None:
-        """Send each worker its rows of the chunk ``actions`` (N, C, A) and return at once."""
+        """Send each worker its rows of the chunk ``actions`` (N, C, *act_shape) and return at once."""
         actions = to_numpy(self.check_chunk(actions))
         self._begin("chunk_step")
-        self._send_all("chunk_step", self._split(actions))
+        self._send_all("chunk_step", [actions[start:end] for start, end in self.bounds])
 
     def chunk_step_wait(self) -> ChunkStepResult:
         """The :class:`ChunkStepResult` of the chunk sent by ``chunk_step_async``."""
         return concat_chunk_results(self._finish("chunk_step"))
-
-    def _begin(self, command: str) -> None:
-        self._check_open()
-        if self._waiting is not None:
-            raise RuntimeError(f"{command}_async called while a {self._waiting!r} is in flight; call {self._waiting}_wait() first.")
-        self._waiting = command
-
-    def _finish(self, command: str) -> list[Any]:
-        self._check_open()
-        if self._waiting != command:
-            raise RuntimeError(f"{command}_wait called without a matching {command}_async (in flight: {self._waiting}).")
-        try:
-            return self._gather(command, self.timeout_s)
-        finally:
-            self._waiting = None
 
     # --- sync contract -----------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> Obs:
@@ -352,7 +523,7 @@ class MultiprocessVecEnv(VecEnv):
         return np.concatenate(frames)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """``env.<name>(*args, **kwargs)`` on every single env, results in env order (picklable)."""
+        """``env.<name>(*args, **kwargs)`` on every single env; picklable results in env order."""
         self._begin("call")
         self._send_all("call", [(name, args, kwargs)] * self.num_procs)
         return [value for shard in self._finish("call") for value in shard]
@@ -371,19 +542,20 @@ class MultiprocessVecEnv(VecEnv):
         return list(self._procs)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Ask every worker to close its envs, then reap it (terminate/kill after ``timeout_s``)."""
+        """Ask every worker to close its envs, then reap it (terminate, then kill, after ``timeout_s``)."""
         if self._closed:
             return
         self._closed = True
+        polite = self._waiting is None  # with replies outstanding (or a dead peer) do not wait long
         for conn, proc in zip(self._conns, self._procs):
             if proc.is_alive():
                 try:
-                    if self._waiting is None:
-                        conn.send(("close", None))
+                    conn.send_bytes(pickle.dumps(("close", None)))
                 except (BrokenPipeError, OSError):
                     pass
+        deadline = time.monotonic() + (timeout_s if polite else min(timeout_s, 1.0))
         for proc in self._procs:
-            proc.join(timeout=timeout_s if self._waiting is None else 0.0)
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
         for proc in self._procs:
             if proc.is_alive():
                 proc.terminate()
@@ -393,6 +565,9 @@ class MultiprocessVecEnv(VecEnv):
                 proc.join(timeout=2.0)
         for conn in self._conns:
             conn.close()
+        if self._buffers is not None:
+            self._buffers.close()
+            self._buffers = None
         self._waiting = None
 
     def __del__(self) -> None:
