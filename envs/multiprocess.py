@@ -461,7 +461,7 @@ class MultiprocessVecEnv(VecEnv):
         if self._waiting != command:
             raise RuntimeError(f"no {command!r} in flight to wait for (in flight: {self._waiting}).")
         try:
-            return self._gather(command, self.timeout_s)
+            return self._gather(command.removesuffix("_shared"), self.timeout_s)
         finally:
             if not self._closed:
                 self._waiting = None

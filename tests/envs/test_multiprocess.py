@@ -1,0 +1,367 @@
+"""MultiprocessVecEnv against the in-process reference, on real (cheap) simulators.
+
+The reference is :class:`SerialVecEnv` over the same env constructors and seeds, stepped in this
+process: every field of every result must be identical (obs, rewards, terminated/truncated,
+final_obs, episode stats, success), for ``step`` and for ``chunk_step`` with episodes ending
+mid-chunk. Robustness: worker exceptions, killed and stuck workers, no leftover processes.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import time
+
+import gymnasium as gym
+import numpy as np
+import psutil
+import pytest
+
+from embodied.errors import UserError
+from envs.multiprocess import EnvWorkerError, MultiprocessVecEnv, shard_bounds
+from envs.serial import SerialVecEnv
+
+
+def cartpole(max_steps: int = 13) -> gym.Env:
+    # A short time limit gives both terminations (pole falls) and truncations in a few steps.
+    return gym.make("CartPole-v1", max_episode_steps=max_steps)
+
+
+class SuccessEnv(gym.Env):
+    """A tiny deterministic env with a success flag, a terminal state and a time limit."""
+
+    observation_space = gym.spaces.Dict(
+        {"state": gym.spaces.Box(-np.inf, np.inf, (3,), np.float32), "rgb": gym.spaces.Box(0, 255, (4, 4, 3), np.uint8)}
+    )
+    action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def __init__(self, horizon: int = 7) -> None:
+        self.horizon = horizon
+        self.t = 0
+        self.pos = 0.0
+
+    def _obs(self) -> dict[str, np.ndarray]:
+        rgb = np.full((4, 4, 3), int(self.t * 10 + self.pos * 5) % 256, np.uint8)
+        return {"state": np.array([self.pos, self.t, self.pos * 2], np.float32), "rgb": rgb}
+
+    def reset(self, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.pos = float(self.np_random.uniform(-1, 1))
+        return self._obs(), {}
+
+    def render(self) -> np.ndarray:
+        return self._obs()["rgb"]
+
+    def step(self, action):
+        self.t += 1
+        self.pos += float(action[0])
+        success = self.pos > 1.5
+        terminated = success or self.pos < -2.0
+        truncated = self.t >= self.horizon and not terminated
+        return self._obs(), float(action[1] + self.pos), terminated, truncated, {"success": success}
+
+
+class CrashingEnv(gym.Env):
+    """Misbehaves at step ``at``: raises, exits the process, or hangs."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self, how: str = "raise", at: int = 3, crash: bool = True) -> None:
+        self.how, self.at, self.crash, self.t = how, at, crash, 0
+
+    def reset(self, seed=None, options=None):
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        if self.crash and self.t == self.at:
+            if self.how == "raise":
+                raise ValueError("boom: the simulator exploded")
+            if self.how == "user":
+                raise UserError("the task needs an asset set you do not have")
+            if self.how == "exit":
+                os._exit(3)
+            if self.how == "hang":
+                time.sleep(600)
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+@pytest.fixture(autouse=True)
+def _comparison(same):
+    global assert_same
+    assert_same = same
+
+
+def run_side_by_side(make_fns, num_procs, steps, chunk, seed=7, action_seed=0):
+    """Step MultiprocessVecEnv and SerialVecEnv with the same actions; assert identical results."""
+    with MultiprocessVecEnv(make_fns, num_procs) as mp_env, SerialVecEnv(make_fns) as ref:
+        assert mp_env.observation_space == ref.observation_space
+        assert mp_env.action_space == ref.action_space
+        assert_same(mp_env.reset(seed=seed), ref.reset(seed=seed), "reset")
+        ref.action_space.seed(action_seed)
+        finished = 0
+        for t in range(steps):
+            if chunk:
+                actions = np.stack([np.stack([ref.action_space.sample() for _ in range(chunk)]) for _ in range(ref.num_envs)])
+                a, b = mp_env.chunk_step(actions), ref.chunk_step(actions)
+            else:
+                actions = np.stack([ref.action_space.sample() for _ in range(ref.num_envs)])
+                a, b = mp_env.step(actions), ref.step(actions)
+            assert_same(a, b, f"t={t}")
+            finished += int(np.asarray(b.episodes.done).sum())
+        return finished
+
+
+@pytest.mark.parametrize("num_procs", [1, 2, 3])
+def test_step_matches_serial_cartpole(num_procs):
+    finished = run_side_by_side([cartpole] * 5, num_procs, steps=60, chunk=0)
+    assert finished > 10  # auto-reset and final_obs were exercised many times
+
+
+def test_chunk_step_matches_serial_cartpole():
+    # chunk 5 with episodes of <= 13 steps: episodes end mid-chunk, the rest of the chunk is skipped
+    finished = run_side_by_side([cartpole] * 5, 2, steps=30, chunk=5)
+    assert finished > 10
+
+
+def test_dict_obs_success_and_chunk_stopping():
+    fns = [functools.partial(SuccessEnv, horizon=h) for h in (3, 5, 7, 9)]
+    assert run_side_by_side(fns, 2, steps=40, chunk=0) > 10
+    assert run_side_by_side(fns, 3, steps=20, chunk=4) > 10
+
+
+def test_chunk_step_stops_mid_chunk_and_auto_resets():
+    fns = [functools.partial(SuccessEnv, horizon=h) for h in (2, 100)]
+    with MultiprocessVecEnv(fns, 2) as env:
+        env.reset(seed=0)
+        actions = np.zeros((2, 4, 2), np.float32)  # no movement: env 0 is truncated at step 2
+        r = env.chunk_step(actions)
+        np.testing.assert_array_equal(r.valid, [[True, True, False, False], [True] * 4])
+        np.testing.assert_array_equal(r.truncated, [[False, True, False, False], [False] * 4])
+        assert r.final_obs is not None and r.final_obs["state"][0, 1] == 2  # last obs of the episode: t=2
+        assert r.obs["state"][0, 1] == 0  # env 0 was reset: the next episode's first obs
+        assert r.obs["state"][1, 1] == 4  # env 1 took all four steps
+        assert r.episodes.done.tolist() == [True, False] and r.episodes.length[0] == 2
+        assert r.info["success"].dtype == bool
+
+
+def test_matches_raw_envs_stepped_by_hand():
+    """Against raw gymnasium envs (no SerialVecEnv): obs, rewards, dones, final obs, auto-reset."""
+    n = 4
+    raw = [cartpole() for _ in range(n)]
+    raw_obs = [raw[i].reset(seed=100 + i)[0] for i in range(n)]
+    rng = np.random.default_rng(0)
+    with MultiprocessVecEnv([cartpole] * n, 2) as env:
+        obs = env.reset(seed=100)
+        np.testing.assert_array_equal(obs["state"], np.stack(raw_obs))
+        for _ in range(50):
+            actions = rng.integers(0, 2, n)
+            r = env.step(actions)
+            for i in range(n):
+                o, rew, term, trunc, _ = raw[i].step(int(actions[i]))
+                assert r.reward[i] == np.float32(rew)
+                assert (r.terminated[i], r.truncated[i]) == (term, trunc)
+                if term or trunc:
+                    np.testing.assert_array_equal(r.final_obs["state"][i], o)
+                    o, _ = raw[i].reset()
+                np.testing.assert_array_equal(r.obs["state"][i], o)
+
+
+def test_async_split_and_misuse():
+    with MultiprocessVecEnv([cartpole] * 4, 2) as env, SerialVecEnv([cartpole] * 4) as ref:
+        env.reset(seed=1), ref.reset(seed=1)
+        actions = np.array([0, 1, 1, 0])
+        env.step_async(actions)
+        with pytest.raises(RuntimeError, match="in flight"):
+            env.step_async(actions)
+        with pytest.raises(RuntimeError, match="in flight"):
+            env.reset()
+        assert_same(env.step_wait(), ref.step(actions))
+        with pytest.raises(RuntimeError, match="no 'step'"):
+            env.step_wait()
+        env.chunk_step_async(np.ones((4, 3), np.int64))
+        assert_same(env.chunk_step_wait(), ref.chunk_step(np.ones((4, 3), np.int64)))
+
+
+def test_actions_of_another_dtype_reach_the_envs_unchanged():
+    # float64 actions for a float32 space bypass shared memory (pickled), so the envs see them as given
+    fns = [SuccessEnv] * 3
+    with MultiprocessVecEnv(fns, 2) as env, SerialVecEnv(fns) as ref:
+        env.reset(seed=3), ref.reset(seed=3)
+        for dtype in (np.float64, np.float32, np.float64):
+            actions = np.full((3, 2), 0.1, dtype)
+            assert_same(env.step(actions), ref.step(actions))
+
+
+def test_pickled_transport_matches_too():
+    fns = [functools.partial(SuccessEnv, horizon=4)] * 3
+    with MultiprocessVecEnv(fns, 2, shared_memory=False) as env, SerialVecEnv(fns) as ref:
+        assert_same(env.reset(seed=5), ref.reset(seed=5))
+        for _ in range(12):
+            a = np.full((3, 2), 0.3, np.float32)
+            assert_same(env.step(a), ref.step(a))
+
+
+def test_wrong_chunk_shape_is_a_user_error():
+    with MultiprocessVecEnv([SuccessEnv] * 2, 2) as env:
+        env.reset(seed=0)
+        with pytest.raises(UserError, match="chunk_step expects actions of shape"):
+            env.chunk_step(np.zeros((2, 3, 5), np.float32))  # action dim 5 instead of 2
+        with pytest.raises(UserError, match="chunk_step expects"):
+            env.chunk_step(np.zeros((3, 3, 2), np.float32))  # 3 envs instead of 2
+        with pytest.raises(UserError, match="step expects actions"):
+            env.step(np.zeros((3, 2), np.float32))
+        env.chunk_step(np.zeros((2, 3, 2), np.float32))  # still usable afterwards
+
+
+def test_instructions_and_seeds_per_env():
+    fns = [SuccessEnv] * 3
+    with MultiprocessVecEnv(fns, 2, instructions=["a", "b", "c"]) as env:
+        assert env.instructions == ["a", "b", "c"]
+        first = env.reset(seed=10)["state"][:, 0]
+        again = env.reset(seed=10)["state"][:, 0]
+        np.testing.assert_array_equal(first, again)
+        assert len(set(first.tolist())) == 3  # env i got seed 10 + i
+
+
+def test_shards_are_contiguous_and_balanced():
+    assert shard_bounds(5, 2) == [(0, 3), (3, 5)]
+    assert shard_bounds(4, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    with MultiprocessVecEnv([cartpole] * 2, num_procs=8) as env:
+        assert env.num_procs == 2
+
+
+def _gone(pid: int) -> bool:
+    """True once the process no longer exists (a zombie still exists: nobody reaped it)."""
+    try:
+        psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return True
+    return False
+
+
+def assert_reaped(pids, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not all(_gone(p) for p in pids):
+        time.sleep(0.05)
+    left = [(p, psutil.Process(p).status()) for p in pids if not _gone(p)]
+    assert not left, f"worker processes left behind (pid, status): {left}"
+
+
+def test_close_reaps_workers_and_is_idempotent():
+    env = MultiprocessVecEnv([cartpole] * 4, 2)
+    env.reset(seed=0)
+    pids = env.pids
+    assert all(p.is_alive() for p in env.processes)
+    env.close()
+    env.close()
+    assert not any(p.is_alive() for p in env.processes)
+    assert_reaped(pids)
+    with pytest.raises(RuntimeError, match="closed"):
+        env.step(np.zeros(4, np.int64))
+
+
+def test_worker_exception_names_worker_and_keeps_traceback():
+    fns = [functools.partial(CrashingEnv, crash=False), functools.partial(CrashingEnv, "raise", 2)]
+    env = MultiprocessVecEnv(fns, 2)
+    env.reset(seed=0)
+    env.step(np.zeros((2, 1), np.float32))
+    with pytest.raises(EnvWorkerError) as info:
+        env.step(np.zeros((2, 1), np.float32))
+    message = str(info.value)
+    assert info.value.worker_index == 1
+    assert "env worker 1 (envs 1..1)" in message and "ValueError: boom" in message
+    assert "Worker traceback" in message and "in step" in message and "test_multiprocess.py" in message
+    # the other worker's reply was drained: the env is still in step and can be reset and closed
+    env.reset(seed=1)
+    pids = env.pids
+    env.close()
+    assert_reaped(pids)
+
+
+def test_user_error_in_worker_stays_a_user_error():
+    with MultiprocessVecEnv([functools.partial(CrashingEnv, "user", 1)], 1) as env:
+        env.reset()
+        with pytest.raises(UserError, match="asset set.*env worker 0"):
+            env.step(np.zeros((1, 1), np.float32))
+
+
+def test_constructor_failure_is_reported_and_cleaned_up():
+    def bad_env():
+        raise RuntimeError("cannot build this env")
+
+    def workers() -> set[int]:
+        # env workers are the grandchildren (children of the shared forkserver process)
+        return {p.pid for p in psutil.Process().children(recursive=True) if p.ppid() != os.getpid()}
+
+    before = workers()
+    with pytest.raises(EnvWorkerError, match="cannot build this env"):
+        MultiprocessVecEnv([cartpole, bad_env], 2)
+    assert_reaped(workers() - before)
+
+
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_dead_worker_raises_promptly_and_close_cleans_up(how):
+    fns = [functools.partial(CrashingEnv, crash=False), functools.partial(CrashingEnv, "exit", 2 if how == "exit" else 10**9)]
+    env = MultiprocessVecEnv(fns, 2)
+    env.reset(seed=0)
+    pids = env.pids
+    if how == "kill":
+        os.kill(pids[1], signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(EnvWorkerError, match="env worker 1 .* died") as info:
+        for _ in range(3):
+            env.step(np.zeros((2, 1), np.float32))
+    assert time.monotonic() - start < 5.0
+    assert ("exit code 3" if how == "exit" else "signal 9") in str(info.value)
+    env.close()
+    assert not any(p.is_alive() for p in env.processes)
+    assert_reaped(pids)
+
+
+def test_stuck_worker_times_out_and_is_killed():
+    fns = [functools.partial(CrashingEnv, "hang", 1)]
+    env = MultiprocessVecEnv(fns, 1, timeout_s=1.0)
+    env.reset()
+    start = time.monotonic()
+    with pytest.raises(EnvWorkerError, match="did not answer 'step' within 1.0 s"):
+        env.step(np.zeros((1, 1), np.float32))
+    assert time.monotonic() - start < 8.0
+    assert not any(p.is_alive() for p in env.processes)
+    assert_reaped(env.pids)
+
+
+def test_spawn_context_and_closures():
+    offset = 0.25  # a closure: env fns are sent with cloudpickle
+
+    def make():
+        return gym.wrappers.TransformReward(cartpole(), lambda r: r + offset)
+
+    with MultiprocessVecEnv([make] * 2, 2, context="spawn") as env:
+        env.reset(seed=0)
+        r = env.step(np.zeros(2, np.int64))
+        np.testing.assert_allclose(r.reward, [1.25, 1.25])
+
+
+def test_workers_run_single_threaded():
+    def make():
+        env = cartpole()
+        env.thread_env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LP_NUM_THREADS")}
+        return env
+
+    with MultiprocessVecEnv([make], 1) as env:
+        (threads,) = env.call("get_wrapper_attr", "thread_env")
+    if "OMP_NUM_THREADS" not in os.environ:
+        assert threads == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "LP_NUM_THREADS": "1"}
+
+
+def test_render_concatenates_frames_in_env_order():
+    with MultiprocessVecEnv([SuccessEnv] * 3, 2) as env:
+        obs = env.reset(seed=0)
+        frames = env.render()
+        assert frames.shape == (3, 4, 4, 3) and frames.dtype == np.uint8
+        np.testing.assert_array_equal(frames, obs["rgb"])
