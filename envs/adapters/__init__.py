@@ -1,3 +1,5 @@
 """Built-in env adapters; importing this package registers them."""
 
 from envs.adapters import gymnasium_adapter  # noqa: F401
+from envs.adapters import batched_adapter  # noqa: F401
+from envs.adapters import robosuite_adapter  # noqa: F401
