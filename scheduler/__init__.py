@@ -1,0 +1,53 @@
+"""M2Flow planner: from a macro flow, a measured profile and the devices, the micro flow to run.
+
+Pure Python (stdlib only): no torch, no ray, no clock, no I/O; every result is deterministic.
+
+    from scheduler import Profile, Resources, Workflow, plan, simulate
+    result = plan(Workflow.embodied(num_envs=64, rollout_steps=80), profile, Resources.gpus(4, 80))
+    print(result.format_table())
+    result.best.to_dict()  # -> runs/<name>/plan.json
+
+See docs/planner.md for the model and its assumptions.
+"""
+
+from scheduler.cost_model import CostModel, fit_cost_model
+from scheduler.graph import Dep, Task, call_sizes, chunk_sizes
+from scheduler.memory import memory_violations, peak_memory_gib
+from scheduler.placements import PLACEMENT_MODES
+from scheduler.plans import MODES, Plan, Span, Timeline
+from scheduler.profile import WEIGHT_SYNC, ComponentProfile, Profile
+from scheduler.resources import Device, Resources
+from scheduler.search import PlanningError, PlanResult, plan, sequential_plan
+from scheduler.simulate import predict, simulate, task_graph
+from scheduler.workflows import WORKFLOW_KINDS, Workflow, WorkflowKind
+
+__all__ = [
+    "MODES",
+    "PLACEMENT_MODES",
+    "WEIGHT_SYNC",
+    "WORKFLOW_KINDS",
+    "ComponentProfile",
+    "CostModel",
+    "Dep",
+    "Device",
+    "Plan",
+    "PlanResult",
+    "PlanningError",
+    "Profile",
+    "Resources",
+    "Span",
+    "Task",
+    "Timeline",
+    "Workflow",
+    "WorkflowKind",
+    "call_sizes",
+    "chunk_sizes",
+    "fit_cost_model",
+    "memory_violations",
+    "peak_memory_gib",
+    "plan",
+    "predict",
+    "sequential_plan",
+    "simulate",
+    "task_graph",
+]

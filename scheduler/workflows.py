@@ -201,7 +201,10 @@ def _reasoning_validate(w: Workflow) -> None:
 
 def _reasoning_memory_items(w: Workflow, num_chunks: int, microbatch: int | None) -> dict[str, int]:
     chunk_samples = max(chunk_sizes(w.num_prompts, num_chunks)) * w.group_size
-    return {"rollout": chunk_samples, "reward": chunk_samples, "actor": microbatch or w.num_prompts * w.group_size}
+    actor = microbatch or w.num_prompts * w.group_size
+    if w.train_epochs == 1:  # only the streamed epoch, whose calls never exceed a chunk
+        actor = min(actor, chunk_samples)
+    return {"rollout": chunk_samples, "reward": chunk_samples, "actor": actor}
 
 
 def _reasoning_microbatches(w: Workflow) -> tuple[int, ...]:
@@ -229,7 +232,8 @@ def _reasoning_build(w: Workflow, plan: Plan, profile: Profile) -> list[Task]:
     last = f"actor epoch 0 c{plan.num_chunks - 1}"
     epoch_s = train_s(w.num_prompts * group)
     for e in range(1, w.train_epochs):
-        deps = tuple(Dep(t.name) for t in tasks if t.component == "actor") if e == 1 else (Dep(last),)
+        # The previous epoch's last call ends after all its calls (same devices, in order).
+        deps = (Dep(last),)
         last = f"actor epoch {e}"
         tasks.append(Task(last, "actor", actor_devices, epoch_s, deps, (1, WORK, e, 0, 0)))
     return tasks + _weight_sync(plan, profile, after=last, phase=2)

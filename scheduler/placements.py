@@ -1,0 +1,87 @@
+"""Candidate placements per mode (a registry, :data:`PLACEMENT_MODES`).
+
+Devices of one :class:`~scheduler.resources.DeviceClass` (same kind and memory) are
+interchangeable, so a placement is enumerated by how many devices of a class each component gets;
+the devices are handed out as contiguous index blocks in flow order. All devices of a class that
+some component uses are used: in this model more devices never make a component slower (the
+scaling exponent is >= 0) nor need more memory per device, so leaving one idle never helps.
+
+* ``colocated``: every component on all devices of its class; components take turns.
+* ``disaggregated``: components on pairwise disjoint device sets.
+* ``hybrid``: the workflow's ``hybrid_shared`` components (the actor) on all devices of their
+  class; the others on pairwise disjoint sets that the shared ones overlap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from itertools import product
+
+from scheduler.profile import Profile
+from scheduler.resources import DeviceClass, Resources
+from scheduler.workflows import WorkflowKind
+
+Placement = dict[str, tuple[int, ...]]
+
+
+def eligible_classes(component: str, profile: Profile, resources: Resources) -> list[DeviceClass]:
+    """Device classes of the kind the component's profile asks for (all classes if it asks none)."""
+    kind = profile[component].device_kind
+    return [c for c in resources.classes() if kind is None or c.kind == kind]
+
+
+def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
+    """All ways to write ``total`` as an ordered sum of ``parts`` positive ints, lexicographic."""
+    if parts == 1:
+        if total >= 1:
+            yield (total,)
+        return
+    for first in range(1, total - parts + 2):
+        for rest in compositions(total - first, parts - 1):
+            yield (first, *rest)
+
+
+def _disjoint(components: tuple[str, ...], profile: Profile, resources: Resources) -> Iterator[Placement]:
+    """Placements of ``components`` on pairwise disjoint devices, using every device of a used class."""
+    for classes in product(*(eligible_classes(c, profile, resources) for c in components)):
+        groups: dict[DeviceClass, list[str]] = {}
+        for component, cls in zip(components, classes):
+            groups.setdefault(cls, []).append(component)
+        per_class = [
+            [(cls, members, counts) for counts in compositions(len(cls.indices), len(members))]
+            for cls, members in groups.items()
+        ]
+        for choice in product(*per_class):
+            placement: Placement = {}
+            for cls, members, counts in choice:
+                start = 0
+                for component, count in zip(members, counts):
+                    placement[component] = cls.indices[start : start + count]
+                    start += count
+            yield {c: placement[c] for c in components}
+
+
+def colocated(spec: WorkflowKind, profile: Profile, resources: Resources) -> Iterator[Placement]:
+    for classes in product(*(eligible_classes(c, profile, resources) for c in spec.components)):
+        yield {c: cls.indices for c, cls in zip(spec.components, classes)}
+
+
+def disaggregated(spec: WorkflowKind, profile: Profile, resources: Resources) -> Iterator[Placement]:
+    yield from _disjoint(spec.components, profile, resources)
+
+
+def hybrid(spec: WorkflowKind, profile: Profile, resources: Resources) -> Iterator[Placement]:
+    shared = tuple(c for c in spec.components if c in spec.hybrid_shared)
+    others = tuple(c for c in spec.components if c not in spec.hybrid_shared)
+    for shared_classes in product(*(eligible_classes(c, profile, resources) for c in shared)):
+        for partial in _disjoint(others, profile, resources):
+            placement = {**partial, **{c: cls.indices for c, cls in zip(shared, shared_classes)}}
+            yield {c: placement[c] for c in spec.components}
+
+
+PLACEMENT_MODES: dict[str, Callable[[WorkflowKind, Profile, Resources], Iterator[Placement]]] = {
+    "colocated": colocated,
+    "disaggregated": disaggregated,
+    "hybrid": hybrid,
+}
+"""Mode -> enumerator of its placements; keys in the order of :data:`scheduler.plans.MODES`."""

@@ -1,0 +1,242 @@
+"""plan(): agreement with a brute-force search, hand-checked choices, feasibility and errors."""
+
+import math
+from itertools import combinations, product
+
+import pytest
+
+from scheduler import (
+    MODES,
+    Plan,
+    PlanningError,
+    Resources,
+    Workflow,
+    memory_violations,
+    peak_memory_gib,
+    plan,
+    predict,
+    sequential_plan,
+)
+from tests.scheduler.profiles import component, profile, random_instance
+
+
+# ----------------------------------------------------------------------------- brute force
+
+
+def _is_full_class(devices, eligible_classes):
+    return any(devices == cls.indices for cls in eligible_classes)
+
+
+def _pairwise_disjoint(sets):
+    return all(not set(a) & set(b) for a, b in combinations(sets, 2))
+
+
+def _modes_of(placement, spec, full):
+    """The modes whose definition the placement satisfies (the definitions, not the enumerators)."""
+    shared = [c for c in spec.components if c in spec.hybrid_shared]
+    others = [c for c in spec.components if c not in spec.hybrid_shared]
+    checks = {
+        "colocated": all(_is_full_class(placement[c], full[c]) for c in spec.components),
+        "disaggregated": _pairwise_disjoint([placement[c] for c in spec.components]),
+        "hybrid": all(_is_full_class(placement[c], full[c]) for c in shared)
+        and _pairwise_disjoint([placement[c] for c in others]),
+    }
+    return [m for m in MODES if checks[m]]
+
+
+def brute_force_best_s(workflow, prof, resources, max_chunks):
+    """Min predicted time over every placement of every mode (any device subsets within one class,
+    idle devices allowed), every chunk count, every offload set and every micro-batch candidate."""
+    spec = workflow.spec
+    eligible = {
+        c: [cls for cls in resources.classes() if prof[c].device_kind in (None, cls.kind)] for c in spec.components
+    }
+    subsets = {
+        c: [s for cls in eligible[c] for size in range(1, len(cls.indices) + 1) for s in combinations(cls.indices, size)]
+        for c in spec.components
+    }
+    best = math.inf
+    for assignment in product(*(subsets[c] for c in spec.components)):
+        placement = dict(zip(spec.components, assignment))
+        modes = _modes_of(placement, spec, eligible)
+        if not modes:
+            continue
+        for k in range(1, min(spec.chunk_total(workflow), max_chunks) + 1):
+            for size in range(len(spec.components) + 1):
+                for offload in combinations(spec.components, size):
+                    for microbatch in spec.microbatch_candidates(workflow):
+                        candidate = Plan(modes[0], placement, k, microbatch, offload, math.nan)
+                        if memory_violations(candidate, prof, workflow, resources):
+                            continue
+                        best = min(best, predict(candidate, prof, workflow, resources)[0])
+    return best
+
+
+@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.parametrize("kind", ["embodied", "reasoning"])
+def test_plan_agrees_with_brute_force(seed, kind):
+    workflow, prof, resources = random_instance(seed, kind)
+    expected = brute_force_best_s(workflow, prof, resources, max_chunks=3)
+    if math.isinf(expected):
+        with pytest.raises(PlanningError):
+            plan(workflow, prof, resources, max_chunks=3)
+        return
+    result = plan(workflow, prof, resources, max_chunks=3)
+    assert result.best.predicted_iteration_s == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    assert result.best_timeline.makespan_s == pytest.approx(expected, rel=1e-12, abs=1e-12)
+
+
+# ---------------------------------------------------------------------------- properties
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("kind", ["embodied", "reasoning"])
+def test_candidates_fit_in_memory_and_are_ranked(seed, kind):
+    workflow, prof, resources = random_instance(seed + 100, kind)
+    try:
+        result = plan(workflow, prof, resources, max_chunks=4)
+    except PlanningError:
+        return
+    times = [round(p.predicted_iteration_s, 9) for p, _ in result.candidates]  # ties within 1 ns
+    assert times == sorted(times)
+    for candidate, timeline in result.candidates:
+        assert memory_violations(candidate, prof, workflow, resources) == []
+        peak = peak_memory_gib(candidate, prof, workflow, resources)
+        assert all(peak[d] <= resources.devices[d].memory_gib + 1e-9 for d in peak)
+        assert timeline.makespan_s == candidate.predicted_iteration_s
+        assert candidate.mode in MODES
+
+
+def test_plan_is_deterministic():
+    workflow, prof, resources = random_instance(7)
+    first, second = plan(workflow, prof, resources), plan(workflow, prof, resources)
+    assert [p.to_dict() for p, _ in first.candidates] == [p.to_dict() for p, _ in second.candidates]
+    assert first.table() == second.table()
+
+
+# --------------------------------------------------------------------------- hand-checked
+
+
+def _tight_one_device_profile():
+    return profile(
+        component("env", per_item_s=0.25, memory_gib=4.0, offload_s=0.1, onload_s=0.2),
+        component("rollout", per_item_s=0.25, memory_gib=4.0, offload_s=0.3, onload_s=0.4),
+        component("actor", fixed_s=2.0, memory_gib=8.0, offload_s=0.5, onload_s=0.6),
+    )
+
+
+def test_offloads_exactly_what_memory_requires():
+    workflow = Workflow.embodied(num_envs=4, rollout_steps=2)
+    # 10 GiB: rollout phase holds env 4 + rollout 4 (+ actor 8 unless offloaded); train phase holds
+    # actor 8 (+ env, rollout unless offloaded): everything must offload. Time as in the simulator's
+    # hand case: 4 s rollout + 2 s train + 2.1 s of context switches = 8.1 s.
+    tight = plan(workflow, _tight_one_device_profile(), Resources.cpu_cores(1, 10.0))
+    assert tight.best.offload == ("actor", "env", "rollout")
+    assert tight.best.predicted_iteration_s == pytest.approx(8.1)
+    # 16 GiB holds all three: no offloading, 6 s.
+    roomy = plan(workflow, _tight_one_device_profile(), Resources.cpu_cores(1, 16.0))
+    assert roomy.best.offload == ()
+    assert roomy.best.predicted_iteration_s == pytest.approx(6.0)
+    assert roomy.best.num_chunks == 1  # chunking on one device only ties; fewer chunks win ties
+
+
+def test_train_microbatch_is_the_largest_that_fits():
+    # actor: 1 GiB + 0.5 GiB/sample on a 5 GiB device -> at most 8 samples per call.
+    # Candidates for 4 envs x 8 steps = 32 samples: 32, 16, 8, 4, 2, 1 -> 8.
+    prof = profile(component("env", per_item_s=0.1), component("rollout", per_item_s=0.1),
+                   component("actor", fixed_s=1.0, memory_gib=1.0, memory_per_item_gib=0.5))
+    result = plan(Workflow.embodied(num_envs=4, rollout_steps=8), prof, Resources.cpu_cores(1, 5.0))
+    assert result.best.train_microbatch == 8
+    # rollout 8 steps x (0.4 + 0.4) s = 6.4 s; actor 32 / 8 = 4 calls of 1 s + 0 = 4 s
+    assert result.best.predicted_iteration_s == pytest.approx(6.4 + 4.0)
+
+
+def test_reasoning_plan_with_hand_made_profile():
+    # 4 prompts x 2 samples on 3 CPU cores, no scaling over devices, 0.1 s per message.
+    # disaggregated (rollout:0 reward:1 actor:2), by hand:
+    #   k=1: rollout [0,2.5] reward [2.6,3.6] actor [3.7,5.2] weight-sync message -> 5.3
+    #   k=2: see test_reasoning_streams_micro_batches_by_hand -> 4.8
+    #   k=3: chunks of 4,2,2 samples; rollout ends 1.5, 2.5, 3.5; reward ends 2.1, 2.85, 3.85;
+    #        actor [2.2,3.2] [3.2,3.95] [3.95,4.7] -> 4.8 (a tie: fewer chunks win)
+    #   colocated k=1: 2.5 + 1.0 + 1.5 = 5.0 on all three cores, no messages.
+    prof = profile(component("rollout", 0.5, 0.25, 0.0), component("reward", 0.0, 0.125, 0.0),
+                   component("actor", 0.5, 0.125, 0.0), latency_s=0.1)
+    workflow, resources = Workflow.reasoning(num_prompts=4, group_size=2), Resources.cpu_cores(3, 8.0)
+    result = plan(workflow, prof, resources)
+    assert (result.best.mode, result.best.num_chunks) == ("disaggregated", 2)
+    assert result.best.placement == {"rollout": (0,), "reward": (1,), "actor": (2,)}
+    assert result.best.predicted_iteration_s == pytest.approx(4.8)
+    forced = {k: plan(workflow, prof, resources, force_mode="disaggregated", force_chunks=k).best.predicted_iteration_s
+              for k in (1, 3)}
+    assert forced == pytest.approx({1: 5.3, 3: 4.8})
+    assert sequential_plan(workflow, resources, prof).predicted_iteration_s == pytest.approx(5.0)
+    assert result.best.train_microbatch == 8
+
+
+def test_plan_prefers_pipelining_when_overlap_pays():
+    # env on CPU cores only, rollout and actor on a GPU: chunking overlaps simulation and inference.
+    prof = profile(component("env", 0.01, 0.01, device_kind="cpu"), component("rollout", 0.01, 0.01, device_kind="gpu"),
+                   component("actor", 1.0, 0.0, device_kind="gpu"))
+    resources = Resources.gpus(1, 80.0) + Resources.cpu_cores(2, 4.0)
+    result = plan(Workflow.embodied(num_envs=64, rollout_steps=10), prof, resources)
+    baseline = sequential_plan(Workflow.embodied(num_envs=64, rollout_steps=10), resources, prof)
+    assert result.best.num_chunks > 1
+    assert result.best.predicted_iteration_s < baseline.predicted_iteration_s
+    assert result.best.placement["env"] == (1, 2) and result.best.placement["rollout"] == (0,)
+
+
+# --------------------------------------------------------------------------- baseline, errors
+
+
+def test_sequential_plan_without_profile_is_conservative():
+    baseline = sequential_plan(Workflow.embodied(num_envs=8, rollout_steps=4), Resources.gpus(2, 80.0))
+    assert baseline.mode == "colocated" and baseline.num_chunks == 1
+    assert baseline.placement == {"env": (0, 1), "rollout": (0, 1), "actor": (0, 1)}
+    assert baseline.offload == ("env", "rollout", "actor")
+    assert math.isnan(baseline.predicted_iteration_s)
+
+
+def test_planning_error_names_the_component_and_device():
+    prof = profile(component("env", 0.1), component("rollout", 0.1), component("actor", 1.0, memory_gib=100.0))
+    with pytest.raises(PlanningError, match=r"'actor'.*gpu0.*80 GiB"):
+        plan(Workflow.embodied(num_envs=4, rollout_steps=2), prof, Resources.gpus(2, 80.0))
+
+
+def test_planning_error_when_one_phase_does_not_fit():
+    # env and rollout run in the same phase and cannot offload each other away.
+    prof = profile(component("env", 0.1, memory_gib=6.0), component("rollout", 0.1, memory_gib=6.0),
+                   component("actor", 1.0, memory_gib=1.0))
+    with pytest.raises(PlanningError, match=r"device 0 \(cpu0.*phase 'rollout'.*env 6 \+ rollout 6"):
+        plan(Workflow.embodied(num_envs=4, rollout_steps=2), prof, Resources.cpu_cores(1, 10.0))
+
+
+def test_planning_error_for_missing_device_kind_and_component():
+    workflow = Workflow.embodied(num_envs=4, rollout_steps=2)
+    gpu_only = profile(component("env"), component("rollout", device_kind="gpu"), component("actor"))
+    with pytest.raises(PlanningError, match="'rollout' needs gpu devices"):
+        plan(workflow, gpu_only, Resources.cpu_cores(2, 8.0))
+    with pytest.raises(PlanningError, match=r"lacks component\(s\) \['actor'\]"):
+        plan(workflow, profile(component("env"), component("rollout")), Resources.cpu_cores(2, 8.0))
+    with pytest.raises(PlanningError, match="no disaggregated placement"):
+        plan(workflow, profile(component("env"), component("rollout"), component("actor")),
+             Resources.cpu_cores(2, 8.0), force_mode="disaggregated")
+
+
+def test_force_arguments_are_validated():
+    workflow, prof, resources = random_instance(3)
+    with pytest.raises(ValueError, match="force_mode"):
+        plan(workflow, prof, resources, force_mode="pipelined")
+    with pytest.raises(ValueError, match="force_chunks"):
+        plan(workflow, prof, resources, force_chunks=workflow.num_envs + 1)
+
+
+def test_table_rows_and_text():
+    workflow, prof, resources = random_instance(5)
+    result = plan(workflow, prof, resources, keep=5)
+    rows = result.table()
+    assert len(rows) == len(result.candidates) <= 5
+    mode, chunks, placement, predicted_s, utilization = rows[0]
+    assert (mode, chunks, predicted_s) == (result.best.mode, result.best.num_chunks, result.best.predicted_iteration_s)
+    assert "actor:" in placement and 0.0 <= utilization <= 1.0
+    text = result.format_table()
+    assert text.splitlines()[0].split() == ["mode", "chunks", "placement", "predicted_s", "mean_util"]

@@ -1,0 +1,62 @@
+"""JSON round trips: what the runtime writes next to its metrics must read back identically."""
+
+import json
+import math
+
+import pytest
+
+from scheduler import ComponentProfile, CostModel, Plan, Profile, Resources, Workflow, plan, sequential_plan
+from tests.scheduler.profiles import random_instance
+
+
+def _through_json(data):
+    return json.loads(json.dumps(data, allow_nan=False))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_plan_round_trip(seed):
+    workflow, prof, resources = random_instance(seed)
+    best = plan(workflow, prof, resources, max_chunks=3).best
+    assert Plan.from_dict(_through_json(best.to_dict())) == best
+
+
+def test_plan_without_prediction_round_trips_as_null():
+    baseline = sequential_plan(Workflow.reasoning(num_prompts=4, group_size=2), Resources.gpus(1, 80.0))
+    data = _through_json(baseline.to_dict())
+    assert data["predicted_iteration_s"] is None
+    back = Plan.from_dict(data)
+    assert math.isnan(back.predicted_iteration_s) and back.placement == baseline.placement
+
+
+def test_profile_round_trip():
+    prof = Profile(
+        {
+            "env": ComponentProfile("env", CostModel(0.01, 0.002, 0.9), memory_gib=3.0, memory_per_item_gib=0.01,
+                                    offload_s=0.5, onload_s=0.7, device_kind="cpu", output_mib_per_item=0.2),
+            "rollout": ComponentProfile("rollout", CostModel(0.02, 0.001), weights_mib=1400.0, device_kind="gpu"),
+        },
+        transfer_latency_s=0.001,
+        transfer_s_per_mib=0.0004,
+        meta={"host": "node-0", "probe_batches": [8, 32, 128]},
+    )
+    assert Profile.from_dict(_through_json(prof.to_dict())) == prof
+
+
+def test_workflow_and_resources_round_trip():
+    workflow = Workflow.embodied(num_envs=16, rollout_steps=8, train_epochs=2, train_minibatch=32)
+    assert Workflow.from_dict(_through_json(workflow.to_dict())) == workflow
+    resources = Resources.gpus(2, 80.0) + Resources.cpu_cores(4, 4.0)
+    assert Resources.from_dict(_through_json(resources.to_dict())) == resources
+
+
+def test_from_dict_names_wrong_keys():
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['chunks'\]"):
+        Plan.from_dict({"mode": "colocated", "placement": {}, "num_chunks": 1, "chunks": 2})
+    with pytest.raises(ValueError, match="missing key"):
+        Profile.from_dict({})
+    with pytest.raises(ValueError, match="mode must be one of"):
+        Plan.from_dict({"mode": "pipelined", "placement": {"env": [0]}, "num_chunks": 1})
+    with pytest.raises(ValueError, match="unknown workflow kind"):
+        Workflow.from_dict({"kind": "robotics"})
+    with pytest.raises(ValueError, match="does not use num_envs"):
+        Workflow("reasoning", num_envs=4, num_prompts=2, group_size=2)

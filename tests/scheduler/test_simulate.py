@@ -1,0 +1,253 @@
+"""The simulator against hand-computed timelines, and its invariants on seeded random plans."""
+
+import math
+import random
+
+import pytest
+
+from scheduler import Plan, Resources, Workflow, chunk_sizes, simulate, task_graph
+from scheduler.memory import switchable_components
+from tests.scheduler.profiles import component, profile, random_instance
+
+NAN = math.nan
+
+
+def _plan(mode, placement, chunks, offload=(), microbatch=None):
+    return Plan(mode, placement, chunks, microbatch, tuple(offload), NAN)
+
+
+def _times(timeline):
+    """Span label -> (start_s, end_s) (a task on several devices has one span per device, same times)."""
+    return {s.label: (s.start_s, s.end_s) for s in timeline.spans}
+
+
+# ------------------------------------------------------------------------------- hand-checked
+
+
+def _env_rollout_profile(**actor):
+    # env and rollout take 1 s for the whole batch of 4 envs (0.25 s per env), no fixed cost.
+    return profile(
+        component("env", per_item_s=0.25),
+        component("rollout", per_item_s=0.25),
+        component("actor", fixed_s=0.5, **actor),
+    )
+
+
+DISAGGREGATED = {"env": (0,), "rollout": (1,), "actor": (2,)}
+
+
+def test_disaggregated_two_chunks_one_step_by_hand():
+    # Chunks of 2 envs: every env/rollout task takes 0.5 s.
+    #   dev0 env:     c0 [0, .5]  c1 [.5, 1]
+    #   dev1 rollout: c0 [.5, 1]  c1 [1, 1.5]
+    #   dev2 actor:   [1.5, 2.0]  (one call on all 4 samples: fixed 0.5 s)
+    timeline = simulate(_plan("disaggregated", DISAGGREGATED, 2), _env_rollout_profile(),
+                        Workflow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(3, 8.0))
+    times = _times(timeline)
+    assert times["env t0 c1"] == (0.5, 1.0)
+    assert times["rollout t0 c1"] == (1.0, 1.5)
+    assert times["actor epoch 0"] == (1.5, 2.0)
+    assert timeline.makespan_s == 2.0
+    assert timeline.utilization == pytest.approx({0: 0.5, 1: 0.5, 2: 0.25})
+
+
+def test_disaggregated_two_chunks_two_steps_by_hand():
+    #   env:     t0c0 [0,.5] t0c1 [.5,1] | t1c0 waits rollout t0c0 (1.0): [1,1.5] | t1c1 waits r t0c1 (1.5): [1.5,2]
+    #   rollout: t0c0 [.5,1] t0c1 [1,1.5] | t1c0 waits env t1c0 (1.5): [1.5,2]   | t1c1 waits env t1c1 (2): [2,2.5]
+    #   actor: [2.5, 3.0]. Sequential (1 chunk) would be 1+1+1+1 + 0.5 = 4.5.
+    workflow, resources = Workflow.embodied(num_envs=4, rollout_steps=2), Resources.cpu_cores(3, 8.0)
+    timeline = simulate(_plan("disaggregated", DISAGGREGATED, 2), _env_rollout_profile(), workflow, resources)
+    times = _times(timeline)
+    assert times["env t1 c0"] == (1.0, 1.5)
+    assert times["rollout t1 c1"] == (2.0, 2.5)
+    assert timeline.makespan_s == 3.0
+    one_chunk = simulate(_plan("disaggregated", DISAGGREGATED, 1), _env_rollout_profile(), workflow, resources)
+    assert one_chunk.makespan_s == 4.5
+
+
+def test_transfer_latency_and_size_by_hand():
+    # 1 chunk, T=1, env output 2 MiB/env, message cost 0.1 s + 0.05 s/MiB.
+    # env [0,1]; obs message 4 envs * 2 MiB = 8 MiB -> 0.1 + 0.4 = 0.5 s; rollout [1.5, 2.5];
+    # trajectories 4 * 1 step * (2 + 0) MiB -> 0.5 s; actor [3.0, 3.5]; the weight sync to dev1 is a
+    # 0 MiB message (0.1 s) with no local cost: a zero-length sync span at 3.6.
+    prof = profile(component("env", per_item_s=0.25, output_mib_per_item=2.0), component("rollout", per_item_s=0.25),
+                   component("actor", fixed_s=0.5), latency_s=0.1, s_per_mib=0.05)
+    timeline = simulate(_plan("disaggregated", DISAGGREGATED, 1), prof,
+                        Workflow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(3, 8.0))
+    assert _times(timeline)["rollout t0 c0"] == (1.5, 2.5)
+    assert _times(timeline)["actor epoch 0"] == pytest.approx((3.0, 3.5))
+    assert timeline.makespan_s == pytest.approx(3.6)
+
+
+def test_colocated_with_context_switches_by_hand():
+    # One device; T=2, 1 chunk; env 1 s, rollout 1 s, actor 2 s per call.
+    # Device order: onload env .2, onload rollout .4, e0 1, r0 1, e1 1, r1 1, offload env .1,
+    # offload rollout .3, onload actor .6, actor 2, offload actor .5  = 8.1 s; busy (work) 6 s.
+    prof = profile(
+        component("env", per_item_s=0.25, offload_s=0.1, onload_s=0.2),
+        component("rollout", per_item_s=0.25, offload_s=0.3, onload_s=0.4),
+        component("actor", fixed_s=2.0, offload_s=0.5, onload_s=0.6),
+    )
+    placement = {"env": (0,), "rollout": (0,), "actor": (0,)}
+    timeline = simulate(_plan("colocated", placement, 1, offload=("actor", "env", "rollout")), prof,
+                        Workflow.embodied(num_envs=4, rollout_steps=2), Resources.cpu_cores(1, 8.0))
+    times = _times(timeline)
+    assert times["env t0 c0"] == pytest.approx((0.6, 1.6))
+    assert times["onload actor @0"] == pytest.approx((5.0, 5.6))
+    assert timeline.makespan_s == pytest.approx(8.1)
+    assert timeline.utilization[0] == pytest.approx(6.0 / 8.1)
+    kinds = sorted(s.kind for s in timeline.spans if s.kind != "work")
+    assert kinds == ["offload"] * 3 + ["onload"] * 3
+
+
+def test_weight_sync_across_devices_by_hand():
+    # As the first hand case plus a 10 MiB weight sync at 0.1 s/MiB and a 0.25 s local load on dev1:
+    # actor ends 2.0; message 1.0 s; sync [3.0, 3.25].
+    prof = profile(component("env", per_item_s=0.25), component("rollout", per_item_s=0.25, weights_mib=10.0),
+                   component("actor", fixed_s=0.5), component("weight_sync", fixed_s=0.25), s_per_mib=0.1)
+    timeline = simulate(_plan("disaggregated", DISAGGREGATED, 2), prof,
+                        Workflow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(3, 8.0))
+    sync = [s for s in timeline.spans if s.kind == "sync"]
+    assert [(s.device, s.start_s, s.end_s) for s in sync] == [(1, 3.0, 3.25)]
+    assert timeline.makespan_s == 3.25
+
+
+def test_reasoning_streams_micro_batches_by_hand():
+    # 4 prompts x 2 samples, 2 chunks of 4 samples, 0.1 s per message, no device scaling.
+    # rollout 0.5 + 0.25/sample = 1.5 s/chunk: [0,1.5] [1.5,3]
+    # reward 0.125/sample = 0.5 s:             [1.6,2.1] [3.1,3.6]
+    # actor 0.5 + 0.125/sample = 1.0 s:        [2.2,3.2] [3.7,4.7]
+    # weight sync: free locally, 0.1 s message -> zero-length span at 4.8.
+    prof = profile(component("rollout", 0.5, 0.25, 0.0), component("reward", 0.0, 0.125, 0.0),
+                   component("actor", 0.5, 0.125, 0.0), latency_s=0.1)
+    placement = {"rollout": (0,), "reward": (1,), "actor": (2,)}
+    timeline = simulate(_plan("disaggregated", placement, 2), prof, Workflow.reasoning(num_prompts=4, group_size=2),
+                        Resources.cpu_cores(3, 8.0))
+    times = _times(timeline)
+    assert times["reward c0"] == pytest.approx((1.6, 2.1))
+    assert times["actor epoch 0 c1"] == pytest.approx((3.7, 4.7))
+    assert timeline.makespan_s == pytest.approx(4.8)
+
+
+def test_chunk_sizes_partition_and_balance():
+    for total in range(1, 40):
+        for k in range(1, total + 1):
+            sizes = chunk_sizes(total, k)
+            assert len(sizes) == k and sum(sizes) == total
+            assert max(sizes) - min(sizes) <= 1 and list(sizes) == sorted(sizes, reverse=True)
+    with pytest.raises(ValueError):
+        chunk_sizes(3, 4)
+
+
+def test_tasks_use_chunk_sizes_as_batches():
+    workflow = Workflow.embodied(num_envs=10, rollout_steps=2)
+    prof = profile(component("env", per_item_s=1.0), component("rollout", per_item_s=1.0), component("actor", 1.0))
+    placement = {"env": (0,), "rollout": (0,), "actor": (0,)}
+    tasks = task_graph(_plan("colocated", placement, 4), prof, workflow, Resources.cpu_cores(1, 8.0))
+    env_step0 = [t.duration_s for t in tasks if t.component == "env" and t.step == 0]
+    assert env_step0 == [3.0, 3.0, 2.0, 2.0]  # chunk_sizes(10, 4), 1 s per env
+
+
+# ----------------------------------------------------------------------------- invariants
+
+
+def _random_plan(rng: random.Random, workflow, prof, resources):
+    """Any placement (arbitrary device subsets), chunk count and offload set; memory ignored."""
+    n = len(resources.devices)
+    placement = {}
+    for name in workflow.spec.components:
+        size = rng.randint(1, n)
+        placement[name] = tuple(sorted(rng.sample(range(n), size)))
+    switchable = switchable_components(placement, workflow.spec.phases)
+    offload = tuple(sorted(c for c in switchable if rng.random() < 0.5))
+    k = rng.randint(1, workflow.spec.chunk_total(workflow))
+    return _plan("hybrid", placement, k, offload, rng.choice([None, 1, 2, 4]))
+
+
+def _untyped(prof):
+    """The same profile without device kinds, so any random placement is valid."""
+    from dataclasses import replace
+
+    return replace(prof, components={n: replace(c, device_kind=None) for n, c in prof.components.items()})
+
+
+@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("kind", ["embodied", "reasoning"])
+def test_dependencies_devices_and_order_are_respected(seed, kind):
+    workflow, prof, resources = random_instance(seed, kind)
+    prof = _untyped(prof)
+    plan = _random_plan(random.Random(seed), workflow, prof, resources)
+    timeline = simulate(plan, prof, workflow, resources)
+    tasks = {t.name: t for t in task_graph(plan, prof, workflow, resources)}
+    times = _times(timeline)
+
+    # every task is on exactly its devices, with its duration
+    for task in tasks.values():
+        spans = [s for s in timeline.spans if s.label == task.name]
+        assert sorted(s.device for s in spans) == sorted(task.devices)
+        assert spans[0].duration_s == pytest.approx(task.duration_s)
+
+    # a task starts after each input has ended and (across device sets) arrived
+    for task in tasks.values():
+        for dep in task.deps:
+            arrival = times[dep.task][1]
+            if tasks[dep.task].devices != task.devices:
+                arrival += prof.message_s(dep.size_mib)
+            assert times[task.name][0] >= arrival - 1e-12, (task.name, dep.task)
+
+    # one span per device at a time
+    by_device = {}
+    for s in timeline.spans:
+        by_device.setdefault(s.device, []).append(s)
+    for spans in by_device.values():
+        spans.sort(key=lambda s: (s.start_s, s.end_s))
+        for a, b in zip(spans, spans[1:]):
+            assert b.start_s >= a.end_s - 1e-12, (a.label, b.label)
+
+    assert timeline.makespan_s == pytest.approx(max(s.end_s for s in timeline.spans))
+    assert all(0.0 <= u <= 1.0 + 1e-12 for u in timeline.utilization.values())
+
+    # every chunk 0..k-1 of the first step (or of the generation) is rolled out exactly once
+    first = [t.chunk for t in tasks.values() if t.component == "rollout" and t.kind == "work" and t.step in (0, None)]
+    assert sorted(first) == list(range(plan.num_chunks))
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_more_chunks_never_slower_without_fixed_costs_when_disaggregated(seed):
+    rng = random.Random(seed)
+    workflow = Workflow.embodied(num_envs=rng.randint(1, 12), rollout_steps=rng.randint(1, 4))
+    prof = profile(
+        component("env", 0.0, rng.uniform(0.01, 1.0), rng.choice([0.0, 1.0]), output_mib_per_item=rng.uniform(0, 2)),
+        component("rollout", 0.0, rng.uniform(0.01, 1.0), rng.choice([0.0, 1.0]), output_mib_per_item=rng.uniform(0, 2)),
+        component("actor", rng.uniform(0.0, 1.0), rng.uniform(0.0, 0.1)),
+        s_per_mib=rng.choice([0.0, 0.1]),  # size-proportional transfer is allowed; the fixed latency is 0
+    )
+    resources = Resources.cpu_cores(4, 8.0)
+    n_env = rng.randint(1, 2)
+    placement = {"env": tuple(range(n_env)), "rollout": tuple(range(n_env, 3)), "actor": rng.choice([(3,), (0, 1, 2, 3)])}
+    makespans = [simulate(_plan("disaggregated", placement, k), prof, workflow, resources).makespan_s
+                 for k in range(1, workflow.num_envs + 1)]
+    for fewer, more in zip(makespans, makespans[1:]):
+        assert more <= fewer + 1e-9
+
+
+def test_simulate_rejects_invalid_plans():
+    workflow = Workflow.embodied(num_envs=4, rollout_steps=1)
+    resources = Resources.cpu_cores(2, 8.0)
+    with pytest.raises(ValueError, match="exceeds"):
+        simulate(_plan("colocated", {"env": (0,), "rollout": (0,), "actor": (0,)}, 5), _env_rollout_profile(),
+                 workflow, resources)
+    with pytest.raises(ValueError, match="device 7"):
+        simulate(_plan("colocated", {"env": (7,), "rollout": (0,), "actor": (0,)}, 1), _env_rollout_profile(),
+                 workflow, resources)
+    with pytest.raises(ValueError, match="must place exactly"):
+        simulate(_plan("colocated", {"env": (0,), "actor": (0,)}, 1), _env_rollout_profile(), workflow, resources)
+    gpu_actor = profile(component("env"), component("rollout"), component("actor", device_kind="gpu"))
+    with pytest.raises(ValueError, match="needs gpu devices"):
+        simulate(_plan("colocated", {"env": (0,), "rollout": (0,), "actor": (1,)}, 1), gpu_actor, workflow, resources)
+
+
+def test_switchable_components_only_share_devices_across_phases():
+    phases = Workflow.embodied(num_envs=2, rollout_steps=1).spec.phases
+    assert switchable_components({"env": (0,), "rollout": (1,), "actor": (0, 1)}, phases) == ("env", "rollout", "actor")
+    assert switchable_components({"env": (0,), "rollout": (0,), "actor": (1,)}, phases) == ()
