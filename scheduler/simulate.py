@@ -48,27 +48,36 @@ def task_graph(plan: Plan, profile: Profile, workflow: Workflow, resources: Reso
 
 def schedule(tasks: list[Task], profile: Profile) -> dict[str, tuple[float, float]]:
     """Task name -> (start_s, end_s) under the rules of this module."""
-    by_name = {t.name: t for t in tasks}
-    if len(by_name) != len(tasks):
+    devices_of = {t.name: t.devices for t in tasks}
+    if len(devices_of) != len(tasks):
         raise ValueError("task names must be unique")
+    latency_s, s_per_mib = profile.transfer_latency_s, profile.transfer_s_per_mib
     device_free_s: dict[int, float] = {}
     times: dict[str, tuple[float, float]] = {}
-    for task in sorted(tasks, key=lambda t: t.order):
+    for task in sorted(tasks, key=_order):
         ready_s = 0.0
+        devices = task.devices
         for dep in task.deps:
             if dep.task not in times:
                 raise AssertionError(f"task {task.name!r} is ordered before its input {dep.task!r}")
             arrive_s = times[dep.task][1]
-            if by_name[dep.task].devices != task.devices:
-                arrive_s += profile.message_s(dep.size_mib)
-            ready_s = max(ready_s, arrive_s)
-        for d in task.devices:
-            ready_s = max(ready_s, device_free_s.get(d, 0.0))
+            if devices_of[dep.task] != devices:
+                arrive_s += latency_s + dep.size_mib * s_per_mib
+            if arrive_s > ready_s:
+                ready_s = arrive_s
+        for d in devices:
+            free_s = device_free_s.get(d, 0.0)
+            if free_s > ready_s:
+                ready_s = free_s
         end_s = ready_s + task.duration_s
         times[task.name] = (ready_s, end_s)
-        for d in task.devices:
+        for d in devices:
             device_free_s[d] = end_s
     return times
+
+
+def _order(task: Task) -> tuple[int, int, int, int, int]:
+    return task.order
 
 
 def simulate(plan: Plan, profile: Profile, workflow: Workflow, resources: Resources) -> Timeline:
