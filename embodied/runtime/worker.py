@@ -139,6 +139,10 @@ class _LocalRef:
 
 
 def _resolve(value: Any) -> Any:
+    if type(value).__name__ == "ObjectRef":  # a Ray result passed on with GroupFuture.handle()
+        import ray
+
+        return ray.get(value)
     if isinstance(value, _LocalRef):
         result = value.future.result()
         if isinstance(result, _Failure):

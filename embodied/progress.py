@@ -1,0 +1,68 @@
+"""Progress of a training run: a live bar on a terminal, plain periodic lines otherwise."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+class Progress:
+    """``update(env_steps, metrics)`` after each iteration; ``close()`` at the end."""
+
+    def __init__(self, total_env_steps: int, mode: str = "auto", log_every_s: float = 10.0, start_steps: int = 0) -> None:
+        if mode == "auto":
+            mode = "bar" if sys.stdout.isatty() else "lines"
+        self.mode = mode
+        self.total = total_env_steps
+        self.log_every_s = log_every_s
+        self.t0 = time.monotonic()
+        self.start_steps = start_steps
+        self._last_line = -1e9
+        self._bar = None
+        if mode == "bar":
+            from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self._bar = RichProgress(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                TextColumn("{task.completed:,.0f}/{task.total:,.0f} steps"),
+                TextColumn("{task.fields[sps]} steps/s"),
+                TextColumn("return {task.fields[ret]}"),
+                TextColumn("success {task.fields[succ]}"),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                transient=False,
+            )
+            self._task = self._bar.add_task("train", total=total_env_steps, completed=start_steps, sps="-", ret="-", succ="-")
+            self._bar.start()
+
+    def update(self, env_steps: int, metrics: dict[str, Any], force: bool = False) -> None:
+        elapsed = time.monotonic() - self.t0
+        sps = (env_steps - self.start_steps) / max(elapsed, 1e-9)
+        ret = metrics.get("train/episode_return")
+        succ = metrics.get("train/success_rate")
+        if self._bar is not None:
+            self._bar.update(self._task, completed=env_steps, sps=f"{sps:,.0f}", ret=_fmt(ret), succ=_fmt(succ))
+        elif self.mode == "lines" and (force or elapsed - self._last_line >= self.log_every_s or env_steps >= self.total):
+            self._last_line = elapsed
+            remaining = (self.total - env_steps) / sps if sps > 0 else float("nan")
+            pct = 100.0 * env_steps / max(self.total, 1)
+            print(
+                f"[train] {env_steps:,}/{self.total:,} steps ({pct:.0f}%) | {sps:,.0f} steps/s | "
+                f"return {_fmt(ret)} | success {_fmt(succ)} | elapsed {elapsed:.0f}s | ETA {remaining:.0f}s",
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()

@@ -1,0 +1,160 @@
+"""The ``embodied`` command line.
+
+    embodied train [RECIPE] [key=value ...]     train (default recipe: maniskill_pushcube_ppo)
+    embodied eval RUN_DIR_OR_CHECKPOINT [episodes=N] [key=value ...]
+    embodied recipes                            list bundled recipes
+    embodied plan RECIPE [key=value ...] [--profile]   show the M2Flow planner's choice
+
+User errors (bad keys, unknown recipes or envs, missing checkpoints) print one paragraph and exit
+with code 2; nothing is written to an existing run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from embodied.config import apply_overrides, load_yaml, parse_override
+from embodied.errors import UserError
+
+EXIT_USER_ERROR = 2
+
+
+def _split_recipe(args: list[str]) -> tuple[str | None, list[str]]:
+    if args and "=" not in args[0]:
+        return args[0], args[1:]
+    return None, args
+
+
+def build_train_config(args: list[str]):
+    """The TrainConfig of ``embodied train ARGS`` (recipe, overrides, resume)."""
+    from pipelines.config import TrainConfig
+    from pipelines.recipes import DEFAULT_RECIPE, load_recipe
+
+    recipe, overrides = _split_recipe(args)
+    resume = None
+    rest = []
+    for text in overrides:
+        key, value = parse_override(text)
+        if key == "resume":
+            resume = str(value)
+        else:
+            rest.append(text)
+    if resume is not None:
+        from embodied.checkpoint import find_checkpoint
+
+        find_checkpoint(resume)  # a clear error before anything else
+        data = load_yaml(Path(resume) / "config.yaml")
+        data["resume"] = resume
+        data.setdefault("run", {})["dir"] = resume
+        if recipe is not None and recipe != data.get("recipe"):
+            raise UserError(f"resume={resume} continues recipe {data.get('recipe')!r}; do not name another recipe ({recipe!r}).")
+        return apply_overrides(TrainConfig, data, rest)
+    _, data = load_recipe(recipe or DEFAULT_RECIPE)
+    return apply_overrides(TrainConfig, data, rest)
+
+
+def cmd_train(args: list[str]) -> int:
+    from pipelines.embodied_ppo import EmbodiedPPO
+    from pipelines.preflight import preflight
+    from pipelines.rundir import RunDir
+
+    cfg = build_train_config(args)
+    preflight(cfg)  # env id, policy vs action space: fail before a run dir is touched
+    run = RunDir.create(cfg, resume=cfg.resume is not None)
+    print(f"[embodied] recipe {cfg.recipe} -> {run.path}", flush=True)
+    summary = EmbodiedPPO(cfg, run).train()
+    _print_summary(summary, run.path)
+    return 0
+
+
+def _print_summary(summary: dict[str, Any], run_dir: Path | None = None) -> None:
+    keys = ["env_steps", "wall_s", "train/episode_return", "eval/episode_return", "eval/success_rate", "perf/env_steps_per_s"]
+    parts = []
+    for k in keys:
+        if k in summary:
+            v = summary[k]
+            parts.append(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}")
+    where = f" (run dir: {run_dir})" if run_dir else ""
+    print("[embodied] done: " + ", ".join(parts) + where, flush=True)
+
+
+def cmd_eval(args: list[str]) -> int:
+    from embodied.checkpoint import find_checkpoint, load_checkpoint
+    from pipelines.config import TrainConfig
+    from pipelines.embodied_ppo import evaluate_from_weights
+    from pipelines.preflight import preflight
+
+    if not args:
+        raise UserError("embodied eval needs a run dir or checkpoint: embodied eval RUN_DIR [episodes=N] [key=value ...]")
+    target, overrides = args[0], args[1:]
+    ckpt = find_checkpoint(target)
+    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else Path(target)
+    if not (run_dir / "config.yaml").is_file():
+        raise UserError(f"No config.yaml next to checkpoint {ckpt}: expected {run_dir / 'config.yaml'}.")
+    data = load_yaml(run_dir / "config.yaml")
+    overrides = [f"eval.{o}" if o.split("=", 1)[0] in ("episodes", "num_envs", "deterministic", "video") else o for o in overrides]
+    cfg = apply_overrides(TrainConfig, {**data, "resume": None}, overrides)
+    obs_space, action_space = preflight(cfg)
+    model, _, state = load_checkpoint(ckpt)
+    video_dir = (run_dir / "videos" / f"eval-{ckpt.name}") if cfg.eval.video else None
+    result = evaluate_from_weights(cfg, obs_space, action_space, model, video_dir)
+    result["checkpoint"] = str(ckpt)
+    result["env_steps"] = state.get("env_steps")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def cmd_recipes(args: list[str]) -> int:
+    from pipelines.recipes import DEFAULT_RECIPE, RECIPES
+
+    width = max(len(n) for n in RECIPES.names())
+    for name in RECIPES.names():
+        mark = " (default)" if name == DEFAULT_RECIPE else ""
+        print(f"{name:<{width}}  {RECIPES.doc(name)}{mark}")
+    return 0
+
+
+COMMANDS = {
+    "train": (cmd_train, "train a policy: embodied train [RECIPE] [key=value ...]"),
+    "eval": (cmd_eval, "evaluate a run or checkpoint: embodied eval PATH [episodes=N]"),
+    "recipes": (cmd_recipes, "list the bundled recipes"),
+}
+
+
+def register_command(name: str, fn, help_text: str) -> None:
+    COMMANDS[name] = (fn, help_text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        import pipelines.plan_cli  # noqa: F401  (registers `embodied plan`)
+    except ImportError:
+        pass
+    parser = argparse.ArgumentParser(
+        prog="embodied",
+        description="Embodied: RL for embodied policies with an M2Flow planner.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="commands:\n" + "\n".join(f"  {n:<8} {h}" for n, (_, h) in COMMANDS.items()),
+    )
+    parser.add_argument("command", choices=list(COMMANDS), metavar="command")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    ns = parser.parse_args(argv)
+    fn = COMMANDS[ns.command][0]
+    try:
+        return fn(ns.args)
+    except UserError as err:
+        msg = textwrap.fill(str(err).split("\n--- traceback")[0], width=100)
+        print(f"embodied {ns.command}: error: {msg}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("embodied: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""Embodied PPO, the macro flow as plain sequential code.
+
+    for each iteration:
+        rollout.load_weights(actor.export_weights())      # versioned weight sync
+        env.interact(T)  ||  rollout.generate(T)          # chunks pipelined through channels
+        actor.train(trajectories)                         # GAE + PPO epochs
+
+Where workers run and how the env batch is chunked comes from the plan (``plan.*``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embodied.checkpoint import load_checkpoint, save_checkpoint
+from embodied.config import to_dict
+from embodied.metrics import MetricsLogger
+from embodied.progress import Progress
+from embodied.runtime import Channel, Cluster, RankResources, WorkerGroup, wait_all
+from embodied.seeding import seed_everything
+from pipelines.config import TrainConfig
+from pipelines.evaluate import evaluate_policy
+from pipelines.rundir import RunDir
+from pipelines.workers import ActorWorker, BlockRoute, EnvWorker, RolloutWorker, resolve_device
+from policies.registry import build_policy
+
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LP_NUM_THREADS")
+
+
+class EmbodiedPPO:
+    """Builds the worker groups and channels of the macro flow and runs it."""
+
+    def __init__(self, cfg: TrainConfig, run: RunDir) -> None:
+        self.cfg = cfg
+        self.run = run
+        self.num_chunks = cfg.plan.chunks or 1
+        self.iteration = 0
+        self.env_steps = 0
+        self.wall_s_before = 0.0
+        self.recent: deque[dict[str, float]] = deque(maxlen=100)
+
+    # --- setup -----------------------------------------------------------------------------------
+    def _build(self, cluster: Cluster) -> None:
+        cfg, w = self.cfg, self.cfg.workers
+        threads = {k: str(w.torch_threads) for k in THREAD_ENV}
+        self.env = WorkerGroup(
+            cluster, EnvWorker, w.env, cfg, self.num_chunks, name="env",
+            resources=RankResources(w.env_cpus, env_vars=threads),
+        )
+        self.obs_space, self.action_space = self.env.call("spaces", ranks=[0]).result()
+        self.rollout = WorkerGroup(
+            cluster, RolloutWorker, w.rollout, cfg, self.obs_space, self.action_space, self.num_chunks,
+            name="rollout", resources=RankResources(w.rollout_cpus, 1.0 if cfg.policy.device.startswith("cuda") else 0.0, threads),
+        )
+        self.actor = WorkerGroup(
+            cluster, ActorWorker, 1, cfg, self.obs_space, self.action_space, name="actor",
+            resources=RankResources(w.actor_cpus, 1.0 if cfg.device.startswith("cuda") else 0.0),
+        )
+        self.obs_channel = Channel("observations", self.rollout)
+        self.action_channel = Channel("actions", self.env, route=BlockRoute(self.num_chunks))
+        self.traj_channel = Channel("trajectories", self.actor)
+
+    def _resume(self) -> None:
+        model, optimizer, state = load_checkpoint(self.run.path)
+        self.actor.call("load_state", model, optimizer, state["version"]).wait()
+        self.iteration = int(state["iteration"])
+        self.env_steps = int(state["env_steps"])
+        self.wall_s_before = float(state.get("wall_s", 0.0))
+        print(f"[embodied] resumed from {state['path']} at iteration {self.iteration}, {self.env_steps:,} env steps", flush=True)
+
+    # --- the macro flow --------------------------------------------------------------------------
+    def iterate(self) -> dict[str, Any]:
+        """One iteration: sync weights, collect T steps from every env, train."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        weights = self.actor.call("export_weights")
+        self.rollout.call("load_weights", weights.handle(0)).wait()
+        t_sync = time.perf_counter()
+        env_f = self.env.call("interact", cfg.algo.rollout_steps, self.obs_channel, self.action_channel)
+        roll_f = self.rollout.call("generate", cfg.algo.rollout_steps, self.obs_channel, self.action_channel, self.traj_channel)
+        wait_all(env_f, roll_f)
+        t_rollout = time.perf_counter()
+        stats = self.actor.call("train", self.traj_channel, self.rollout.num_ranks, self._lr()).result()
+        t_train = time.perf_counter()
+
+        env_out, roll_out = env_f.wait(), roll_f.wait()
+        episodes = [e for out in env_out for e in out["episodes"]]
+        self.recent.extend(episodes)
+        steps = cfg.steps_per_iteration
+        self.env_steps += steps
+        self.iteration += 1
+        metrics: dict[str, Any] = {
+            "iteration": self.iteration,
+            "env_steps": self.env_steps,
+            **self._episode_metrics(episodes),
+            "perf/env_steps_per_s": steps / (t_train - t0),
+            "perf/rollout_env_steps_per_s": steps / (t_rollout - t_sync),
+            "time/sync_s": t_sync - t0,
+            "time/rollout_s": t_rollout - t_sync,
+            "time/iteration_s": t_train - t0,
+            "time/sim_s": float(np.mean([o["sim_s"] for o in env_out])),
+            "time/infer_s": float(np.mean([o["infer_s"] for o in roll_out])),
+            "plan/chunks": self.num_chunks,
+            "weights/version": roll_out[0]["version"],
+            **stats,
+        }
+        return metrics
+
+    def _episode_metrics(self, episodes: list[dict[str, float]]) -> dict[str, Any]:
+        window = episodes if episodes else list(self.recent)
+        out: dict[str, Any] = {"train/episodes": len(episodes)}
+        if window:
+            out["train/episode_return"] = float(np.mean([e["return"] for e in window]))
+            out["train/episode_length"] = float(np.mean([e["length"] for e in window]))
+            succ = [e["success"] for e in window if "success" in e]
+            out["train/success_rate"] = float(np.mean(succ)) if succ else None
+        else:
+            out["train/episode_return"] = None
+        return out
+
+    def _lr(self) -> float:
+        algo = self.cfg.algo
+        if not algo.anneal_lr:
+            return algo.lr
+        return algo.lr * max(0.0, 1.0 - self.env_steps / algo.total_env_steps)
+
+    # --- run -------------------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        cfg = self.cfg
+        seed_everything(cfg.seed)
+        total_iters = math.ceil(cfg.algo.total_env_steps / cfg.steps_per_iteration)
+        logger = MetricsLogger(
+            self.run.path, to_dict(cfg), cfg.logging.tensorboard, cfg.logging.wandb,
+            cfg.logging.wandb_project, cfg.logging.wandb_mode, resume=cfg.resume is not None,
+        )
+        cluster = Cluster(cfg.cluster)
+        progress = None
+        try:
+            self._build(cluster)
+            if cfg.resume is not None:
+                self._resume()
+            progress = Progress(cfg.algo.total_env_steps, cfg.logging.progress, cfg.run.log_every_s, self.env_steps)
+            t_start = time.perf_counter()
+            last: dict[str, Any] = {}
+            while self.iteration < total_iters:
+                metrics = self.iterate()
+                metrics["wall_s"] = self.wall_s_before + time.perf_counter() - t_start
+                if cfg.eval.every and self.iteration % cfg.eval.every == 0 and self.iteration < total_iters:
+                    metrics.update(self.evaluate(video=False))
+                logger.log(metrics, step=self.env_steps)
+                progress.update(self.env_steps, metrics)
+                last = metrics
+                if cfg.run.checkpoint_every and self.iteration % cfg.run.checkpoint_every == 0:
+                    self.checkpoint(metrics["wall_s"])
+            progress.close()
+            progress = None
+            wall_s = self.wall_s_before + time.perf_counter() - t_start
+            self.checkpoint(wall_s)
+            final_eval = self.evaluate(video=cfg.eval.video)
+            summary = {
+                "recipe": cfg.recipe,
+                "iterations": self.iteration,
+                "env_steps": self.env_steps,
+                "wall_s": wall_s,
+                "train/episode_return": last.get("train/episode_return"),
+                "train/success_rate": last.get("train/success_rate"),
+                "perf/env_steps_per_s": float(np.mean(self._throughputs())) if self._throughputs() else None,
+                **final_eval,
+            }
+            logger.summary(summary)
+            return summary
+        finally:
+            if progress is not None:
+                progress.close()
+            logger.close()
+            cluster.shutdown()
+
+    def _throughputs(self) -> list[float]:
+        from embodied.metrics import read_metrics
+
+        return [r["perf/env_steps_per_s"] for r in read_metrics(self.run.path) if r.get("perf/env_steps_per_s")]
+
+    def checkpoint(self, wall_s: float) -> Path:
+        state = self.actor.call("state").result()
+        return save_checkpoint(
+            self.run.path / "checkpoints",
+            self.iteration,
+            state["model"],
+            state["optimizer"],
+            {"env_steps": self.env_steps, "version": state["version"], "wall_s": wall_s, "recipe": self.cfg.recipe},
+            keep=self.cfg.run.keep_checkpoints,
+        )
+
+    def evaluate(self, video: bool) -> dict[str, Any]:
+        """Evaluate the trainer's current weights in this process."""
+        cfg = self.cfg
+        payload = self.actor.call("export_weights").result()
+        return evaluate_from_weights(cfg, self.obs_space, self.action_space, payload["state"], self.run.path / "videos" if video else None)
+
+
+def evaluate_from_weights(cfg: TrainConfig, obs_space: Any, action_space: Any, state: dict[str, Any], video_dir: Path | None) -> dict[str, Any]:
+    import torch
+
+    device = resolve_device(cfg.policy.device)
+    policy = build_policy(cfg.policy, obs_space, action_space).to(device)
+    policy.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in state.items()})
+    return evaluate_policy(
+        policy, cfg.env, cfg.eval.episodes, seed=cfg.seed + 10_000_000, num_envs=cfg.eval.num_envs or min(cfg.eval.episodes, cfg.env.num_envs),
+        deterministic=cfg.eval.deterministic, device=device, video_dir=video_dir,
+    )

@@ -1,0 +1,366 @@
+"""The workers of the embodied PPO macro flow: EnvWorker -> RolloutWorker -> ActorWorker.
+
+Message protocol per iteration (k = env micro-chunks per env worker, T = rollout steps), on which
+the planner's simulation of a timeline is based:
+
+* EnvWorker rank e, chunk c (key ``e * k + c``): sends the current observation, then T times
+  receives actions, steps the chunk's envs and sends the step's :class:`EnvOutput`. While chunk c
+  waits for its actions, chunk c+1 is simulated: that is the pipelining.
+* RolloutWorker: for each of the T+1 outputs of each chunk it owns, records the reward/done of the
+  previous transition (bootstrapping truncated episodes from the value of their final
+  observation), and for the first T acts and sends actions back. It then sends the finished
+  trajectory batch (T, B) to the actor.
+* ActorWorker: computes GAE and runs the PPO epochs; its weights, with a version number, are
+  loaded into every rollout rank before the next iteration. A rollout tags its trajectories with
+  the version it used; the actor refuses stale ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from embodied.rl import gae, normalize_advantages, ppo_loss, should_stop_early
+from embodied.runtime import Channel, Worker
+from embodied.seeding import seed_everything
+from envs.base import Obs, to_numpy
+from envs.registry import make_vec_env
+from pipelines.config import TrainConfig
+from policies.registry import build_policy
+
+OBS_KEY = "obs"
+
+
+@dataclass
+class EnvOutput:
+    """One message from an env chunk to the rollout. ``reward`` etc. are None for the first
+    observation of an iteration (no transition led to it)."""
+
+    obs: Obs
+    reward: np.ndarray | None = None
+    terminated: np.ndarray | None = None
+    truncated: np.ndarray | None = None
+    final_obs: Obs | None = None
+
+
+def chunk_sizes(num_envs: int, num_chunks: int) -> list[int]:
+    """Split ``num_envs`` into ``num_chunks`` sizes differing by at most one."""
+    base, extra = divmod(num_envs, num_chunks)
+    return [base + (1 if i < extra else 0) for i in range(num_chunks)]
+
+
+class BlockRoute:
+    """Channel route for keys ``rank * block + chunk`` owned by ``rank`` (picklable)."""
+
+    def __init__(self, block: int) -> None:
+        self.block = block
+
+    def __call__(self, key: int, num_ranks: int) -> int:
+        return key // self.block
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def to_torch(obs: Obs, device: torch.device) -> dict[str, torch.Tensor]:
+    """Tensors on ``device`` sharing memory with the arrays where possible. Arrays that arrive
+    through Ray's object store are read-only; they are only ever read here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return {k: torch.as_tensor(v, device=device) for k, v in obs.items()}
+
+
+class EnvWorker(Worker):
+    """Steps ``env.num_envs`` envs split into ``num_chunks`` independently stepped chunks."""
+
+    def __init__(self, cfg: TrainConfig, num_chunks: int) -> None:
+        torch.set_num_threads(cfg.workers.torch_threads)
+        self.cfg = cfg
+        self.num_chunks = num_chunks
+        self.sizes = chunk_sizes(cfg.env.num_envs, num_chunks)
+        base_seed = cfg.seed + 1000 * self.rank
+        self.envs = []
+        first = 0
+        for size in self.sizes:
+            env_cfg = dataclasses.replace(cfg.env, num_envs=size)
+            self.envs.append(make_vec_env(env_cfg, seed=base_seed + first))
+            first += size
+        self.seeds = [base_seed + sum(self.sizes[:c]) for c in range(num_chunks)]
+        self.obs: list[Obs | None] = [None] * num_chunks
+        self.sim_s = 0.0
+
+    def spaces(self) -> tuple[Any, Any]:
+        return self.envs[0].observation_space, self.envs[0].action_space
+
+    def interact(self, num_steps: int, obs_channel: Channel, action_channel: Channel) -> dict[str, Any]:
+        """Run ``num_steps`` steps of every chunk; returns the episodes that finished."""
+        episodes: list[dict[str, float]] = []
+        sim_s = 0.0
+        keys = [self.rank * self.num_chunks + c for c in range(self.num_chunks)]
+        for c, env in enumerate(self.envs):
+            if self.obs[c] is None:
+                t0 = time.perf_counter()
+                self.obs[c] = env.reset(seed=self.seeds[c])
+                sim_s += time.perf_counter() - t0
+            obs_channel.put(keys[c], EnvOutput(self.obs[c]))
+        for _ in range(num_steps):
+            for c, env in enumerate(self.envs):
+                actions = action_channel.get(keys[c])
+                t0 = time.perf_counter()
+                res = env.step(actions)
+                sim_s += time.perf_counter() - t0
+                self.obs[c] = res.obs
+                episodes.extend(res.episodes.finished())
+                obs_channel.put(
+                    keys[c],
+                    EnvOutput(res.obs, to_numpy(res.reward), to_numpy(res.terminated), to_numpy(res.truncated), res.final_obs),
+                )
+        return {"episodes": episodes, "sim_s": sim_s}
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+class _Trajectory:
+    """Per-chunk buffers of one iteration, time-major."""
+
+    def __init__(self) -> None:
+        self.obs: list[Obs] = []
+        self.actions: list[np.ndarray] = []
+        self.logprobs: list[np.ndarray] = []
+        self.values: list[np.ndarray] = []
+        self.rewards: list[np.ndarray] = []
+        self.terminated: list[np.ndarray] = []
+        self.truncated: list[np.ndarray] = []
+        self.final_values: list[np.ndarray] = []
+        self.last_values: np.ndarray | None = None
+
+    def stacked(self) -> dict[str, Any]:
+        return {
+            "obs": {k: np.stack([o[k] for o in self.obs]) for k in self.obs[0]},  # (T, Bc, ...)
+            "actions": np.stack(self.actions),
+            "logprobs": np.stack(self.logprobs),
+            "values": np.stack(self.values),
+            "rewards": np.stack(self.rewards),
+            "terminated": np.stack(self.terminated),
+            "truncated": np.stack(self.truncated),
+            "final_values": np.stack(self.final_values),
+            "last_values": self.last_values,
+        }
+
+
+def concat_batches(batches: list[dict[str, Any]]) -> dict[str, Any]:
+    """Concatenate trajectory batches along the env axis (axis 1 of (T, B, ...); axis 0 of last_values)."""
+    out: dict[str, Any] = {}
+    for k, v in batches[0].items():
+        if isinstance(v, dict):
+            out[k] = {kk: np.concatenate([b[k][kk] for b in batches], axis=1) for kk in v}
+        elif k == "last_values":
+            out[k] = np.concatenate([b[k] for b in batches], axis=0)
+        else:
+            out[k] = np.concatenate([b[k] for b in batches], axis=1)
+    return out
+
+
+class RolloutWorker(Worker):
+    """Runs policy inference for the env chunks it owns and assembles their trajectories."""
+
+    def __init__(self, cfg: TrainConfig, observation_space: Any, action_space: Any, num_chunks: int) -> None:
+        torch.set_num_threads(cfg.workers.torch_threads)
+        seed_everything(cfg.seed + 7919 * (self.rank + 1))
+        self.cfg = cfg
+        self.device = resolve_device(cfg.policy.device)
+        self.policy = build_policy(cfg.policy, observation_space, action_space).to(self.device).eval()
+        self.version = -1
+        low = getattr(action_space, "low", None)
+        self.action_low = None if low is None else np.asarray(action_space.low, np.float32)
+        self.action_high = None if low is None else np.asarray(action_space.high, np.float32)
+        total_keys = cfg.workers.env * num_chunks
+        self.keys = [k for k in range(total_keys) if k % self.world_size == self.rank]
+
+    def load_weights(self, payload: dict[str, Any]) -> int:
+        state = {k: torch.as_tensor(np.array(v)) for k, v in payload["state"].items()}
+        self.policy.load_state_dict(state)
+        self.version = int(payload["version"])
+        return self.version
+
+    @torch.no_grad()
+    def _values(self, obs: Obs) -> np.ndarray:
+        return self.policy.value(to_torch(obs, self.device)).float().cpu().numpy()
+
+    def _record(self, traj: _Trajectory, out: EnvOutput) -> None:
+        """Complete the previous transition of this chunk with the env's reward and dones."""
+        assert out.reward is not None and out.terminated is not None and out.truncated is not None
+        traj.rewards.append(out.reward.astype(np.float32) * self.cfg.algo.reward_scale)
+        traj.terminated.append(out.terminated.astype(bool))
+        traj.truncated.append(out.truncated.astype(bool))
+        final_values = np.zeros(len(out.reward), np.float32)
+        if out.truncated.any() and out.final_obs is not None:
+            rows = np.flatnonzero(out.truncated)
+            final_values[rows] = self._values({k: v[rows] for k, v in out.final_obs.items()})
+        traj.final_values.append(final_values)
+
+    @torch.no_grad()
+    def _act(self, obs: Obs) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        out = self.policy.act(to_torch(obs, self.device))
+        actions = out.actions.cpu().numpy()
+        env_actions = actions
+        if self.action_low is not None:
+            env_actions = np.clip(actions, self.action_low, self.action_high)
+        return actions, env_actions, out.logprobs.float().cpu().numpy(), out.values.float().cpu().numpy()
+
+    def generate(self, num_steps: int, obs_channel: Channel, action_channel: Channel, traj_channel: Channel) -> dict[str, Any]:
+        if self.version < 0:
+            raise RuntimeError("generate() before load_weights(): the rollout has no policy weights")
+        infer_s = 0.0
+        trajs = {k: _Trajectory() for k in self.keys}
+        for t in range(num_steps + 1):
+            for key in self.keys:
+                out: EnvOutput = obs_channel.get(key)
+                t0 = time.perf_counter()
+                traj = trajs[key]
+                if t > 0:
+                    self._record(traj, out)
+                if t < num_steps:
+                    actions, env_actions, logprobs, values = self._act(out.obs)
+                    action_channel.put(key, env_actions)
+                    traj.obs.append(out.obs)
+                    traj.actions.append(actions)
+                    traj.logprobs.append(logprobs)
+                    traj.values.append(values)
+                else:
+                    traj.last_values = self._values(out.obs)
+                infer_s += time.perf_counter() - t0
+        batch = concat_batches([trajs[k].stacked() for k in self.keys])
+        batch["version"] = self.version
+        traj_channel.put(0, batch)
+        return {"infer_s": infer_s, "version": self.version}
+
+
+class ActorWorker(Worker):
+    """Holds the trainable policy and its optimizer; runs PPO on the collected trajectories."""
+
+    def __init__(self, cfg: TrainConfig, observation_space: Any, action_space: Any) -> None:
+        threads = cfg.workers.actor_threads or (torch.get_num_threads())
+        torch.set_num_threads(threads)
+        seed_everything(cfg.seed)
+        self.cfg = cfg
+        self.device = resolve_device(cfg.device)
+        self.policy = build_policy(cfg.policy, observation_space, action_space).to(self.device)
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=cfg.algo.lr, eps=1e-5)
+        self.version = 0
+
+    def export_weights(self) -> dict[str, Any]:
+        """The policy weights as numpy arrays (zero-copy through Ray) with their version."""
+        state = {k: v.detach().cpu().numpy() for k, v in self.policy.state_dict().items()}
+        return {"version": self.version, "state": state}
+
+    def state(self) -> dict[str, Any]:
+        """Everything a checkpoint needs: model and optimizer tensors, version."""
+        return {
+            "model": {k: v.detach().cpu() for k, v in self.policy.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+        }
+
+    def load_state(self, model: dict[str, torch.Tensor], optimizer: dict[str, Any], version: int) -> None:
+        self.policy.load_state_dict(model)
+        self.optimizer.load_state_dict(optimizer)
+        self.version = version
+
+    def train(self, traj_channel: Channel, num_batches: int, lr: float) -> dict[str, float]:
+        batches = traj_channel.get_batch(0, num_batches)
+        stale = sorted({b["version"] for b in batches if b["version"] != self.version})
+        if stale:
+            raise RuntimeError(
+                f"stale trajectories: rollout used weights version(s) {stale}, the trainer is at "
+                f"version {self.version}; weight sync did not reach every rollout rank"
+            )
+        t0 = time.perf_counter()
+        data = concat_batches([{k: v for k, v in b.items() if k != "version"} for b in batches])
+        stats = self._update(data, lr)
+        self.version += 1
+        stats["time/train_s"] = time.perf_counter() - t0
+        return stats
+
+    def _update(self, data: dict[str, Any], lr: float) -> dict[str, float]:
+        algo, dev = self.cfg.algo, self.device
+        tens = lambda x: torch.as_tensor(np.asarray(x), device=dev)  # noqa: E731
+        obs = {k: tens(v) for k, v in data["obs"].items()}  # (T, B, ...)
+        T, B = data["rewards"].shape
+        advantages, returns = gae(
+            tens(data["rewards"]).float(),
+            tens(data["values"]).float(),
+            tens(data["terminated"]),
+            tens(data["truncated"]),
+            tens(data["final_values"]).float(),
+            tens(data["last_values"]).float(),
+            gamma=algo.gamma,
+            lam=algo.gae_lambda,
+        )
+        flat = lambda x: x.reshape(T * B, *x.shape[2:])  # noqa: E731
+        obs = {k: flat(v) for k, v in obs.items()}
+        self.policy.update_normalizer(obs)
+        actions, old_logprobs, old_values = flat(tens(data["actions"])), flat(tens(data["logprobs"])), flat(tens(data["values"]))
+        advantages, returns = flat(advantages), flat(returns)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        n = T * B
+        mb = max(1, n // algo.num_minibatches)
+        sums: dict[str, float] = {}
+        count = 0
+        stop = False
+        epochs_run = 0
+        for _ in range(algo.epochs):
+            perm = torch.randperm(n, device=dev)
+            for start in range(0, n, mb):
+                idx = perm[start : start + mb]
+                ev = self.policy.evaluate({k: v[idx] for k, v in obs.items()}, actions[idx])
+                adv = advantages[idx]
+                if algo.norm_adv and len(idx) > 1:
+                    adv = normalize_advantages(adv)
+                loss, stats = ppo_loss(
+                    ev.logprobs,
+                    old_logprobs[idx],
+                    adv,
+                    new_values=ev.values,
+                    old_values=old_values[idx],
+                    returns=returns[idx],
+                    entropy=ev.entropy,
+                    clip_ratio=algo.clip_ratio,
+                    dual_clip=algo.dual_clip,
+                    value_clip=algo.value_clip,
+                    vf_coef=algo.vf_coef,
+                    ent_coef=algo.ent_coef,
+                )
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), algo.max_grad_norm)
+                self.optimizer.step()
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+                sums["losses/grad_norm"] = sums.get("losses/grad_norm", 0.0) + float(grad_norm)
+                count += 1
+                if should_stop_early(stats["losses/approx_kl"], algo.target_kl):
+                    stop = True
+                    break
+            epochs_run += 1
+            if stop:
+                break
+        out = {k: v / max(count, 1) for k, v in sums.items()}
+        y, yhat = returns, old_values
+        var_y = torch.var(y)
+        out["losses/explained_variance"] = float(1 - torch.var(y - yhat) / var_y) if var_y > 0 else float("nan")
+        out["losses/epochs"] = float(epochs_run)
+        out["charts/lr"] = lr
+        return out

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Create (or update) the project's virtual environment.
+#
+#   scripts/setup.sh [VENV] [PROFILE]
+#
+# PROFILE: "train" (what the default recipe needs: core + ManiSkill) or "full" (everything the
+# test suite exercises: ManiSkill, LIBERO/robosuite, VLA, dev tools). Idempotent: a stamp file
+# records what was installed, and a second run with nothing changed returns at once.
+#
+# torch is installed FIRST, as a CPU build where there is no NVIDIA GPU, so that no later
+# `pip install` drags a multi-GB CUDA build onto a CPU machine.
+set -euo pipefail
+
+VENV="${1:-.venv}"
+PROFILE="${2:-full}"
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+PYTHON="${PYTHON:-python3}"
+TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
+
+case "$PROFILE" in
+  train) EXTRAS="maniskill" ;;
+  full)  EXTRAS="maniskill,libero,vla,dev" ;;
+  *) echo "setup.sh: unknown profile '$PROFILE' (use train or full)" >&2; exit 2 ;;
+esac
+
+stamp_of() { cat pyproject.toml scripts/setup.sh scripts/setup_vulkan.sh 2>/dev/null | sha256sum | cut -c1-16; }
+STAMP="$VENV/.embodied-setup-$PROFILE-$(stamp_of)"
+if [ -f "$STAMP" ]; then
+  exit 0
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV with $($PYTHON --version)"
+  "$PYTHON" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
+
+has_nvidia() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
+
+if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+  if has_nvidia; then
+    echo "[setup] NVIDIA GPU found: installing torch==$TORCH_VERSION (CUDA build)"
+    "${PIP[@]}" "torch==$TORCH_VERSION"
+  else
+    echo "[setup] no NVIDIA GPU: installing torch==$TORCH_VERSION CPU build first"
+    if ! "${PIP[@]}" "torch==$TORCH_VERSION+cpu" 2>/dev/null; then
+      INDEX="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
+      if ! "${PIP[@]}" "torch==$TORCH_VERSION" --index-url "$INDEX"; then
+        echo "[setup] could not install a CPU build of torch. Install one yourself, then re-run:" >&2
+        echo "    $VENV/bin/pip install torch --index-url $INDEX" >&2
+        exit 1
+      fi
+    fi
+  fi
+fi
+
+echo "[setup] installing embodied[$EXTRAS]"
+"${PIP[@]}" -e ".[$EXTRAS]"
+
+if [ "$PROFILE" = "full" ]; then
+  # hf-libero's dependency robomimic pulls torchvision (a CUDA build that breaks the CPU torch):
+  # install LIBERO itself without dependencies; its real run-time needs come with the libero extra.
+  "${PIP[@]}" --no-deps "hf-libero==0.1.4"
+fi
+
+# torchvision / timm from PyPI are CUDA builds that break this torch (and transformers' image
+# processors merely by being installed). Nothing here needs them.
+if "$VENV/bin/python" -m pip show torchvision >/dev/null 2>&1 && ! has_nvidia; then
+  echo "[setup] removing torchvision (CUDA build, incompatible with the CPU torch)"
+  "$VENV/bin/python" -m pip uninstall -y -q torchvision timm || true
+fi
+
+# ManiSkill needs a Vulkan device even for state observations: on machines without an NVIDIA
+# GPU, fetch Mesa's software rasterizer (lavapipe) into the venv.
+if [ -f scripts/setup_vulkan.sh ]; then
+  bash scripts/setup_vulkan.sh "$VENV"
+fi
+
+rm -f "$VENV"/.embodied-setup-"$PROFILE"-*
+touch "$STAMP"
+echo "[setup] done ($VENV, profile $PROFILE)"

@@ -1,0 +1,35 @@
+"""Shared fixtures: a Ray cluster per session (started once, 2 CPUs), GPU skip marker."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray shared by the tests that need real actors (started once: ~3 s)."""
+    from embodied.runtime import Cluster, ClusterConfig
+
+    cluster = Cluster(ClusterConfig(backend="ray", num_cpus=4, timeout_s=120))
+    yield cluster
+    cluster.shutdown()

@@ -1,0 +1,179 @@
+"""The runtime on both backends: the same worker code, in-process and as Ray actors."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from embodied.errors import UserError
+from embodied.runtime import (
+    Channel,
+    Cluster,
+    ClusterConfig,
+    RankResources,
+    Worker,
+    WorkerError,
+    WorkerGroup,
+    WorkerTimeout,
+    wait_all,
+)
+
+
+class Producer(Worker):
+    def __init__(self, scale: int) -> None:
+        self.scale = scale
+
+    def produce(self, channel: Channel, count: int, num_keys: int) -> int:
+        for i in range(count):
+            channel.put(i % num_keys, np.full(4, self.scale * 1000 + self.rank * 100 + i))
+        return count
+
+    def whoami(self) -> tuple[int, int, int]:
+        return self.rank, self.world_size, os.getpid()
+
+    def fail(self) -> None:
+        raise ValueError("boom in the worker")
+
+    def user_fail(self) -> None:
+        raise UserError("bad user input")
+
+    def sleep(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return "slept"
+
+    def die(self) -> None:
+        os._exit(1)
+
+
+class Consumer(Worker):
+    def consume(self, channel: Channel, keys: list[int], count_per_key: int) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {k: [] for k in keys}
+        for _ in range(count_per_key):
+            for k in keys:
+                out[k].append(int(channel.get(k)[0]))
+        return out
+
+    def consume_batch(self, channel: Channel, key: int, n: int) -> list[int]:
+        return [int(x[0]) for x in channel.get_batch(key, n)]
+
+    def identity(self, x):
+        return x
+
+
+class BrokenInit(Worker):
+    def __init__(self) -> None:
+        if self.rank == 1:
+            raise RuntimeError("cannot start rank 1")
+
+
+@pytest.fixture(params=["local", "ray"])
+def cluster(request, ray_cluster):
+    if request.param == "ray":
+        yield ray_cluster
+    else:
+        with Cluster(ClusterConfig(backend="local", timeout_s=30)) as c:
+            yield c
+
+
+def half() -> RankResources:
+    return RankResources(num_cpus=0.5)
+
+
+def test_ranks_know_their_rank_and_run_in_separate_processes_on_ray(cluster):
+    group = WorkerGroup(cluster, Producer, 2, 1, resources=half())
+    ranks = group.whoami().wait()
+    assert [(r, w) for r, w, _ in ranks] == [(0, 2), (1, 2)]
+    pids = {pid for _, _, pid in ranks}
+    assert (len(pids) == 2 and os.getpid() not in pids) if cluster.backend == "ray" else pids == {os.getpid()}
+    # chosen ranks only
+    assert [r[0] for r in group.call("whoami", ranks=[1]).wait()] == [1]
+    group.shutdown()
+
+
+def test_channel_routes_keys_to_owner_and_keeps_fifo_order(cluster):
+    producers = WorkerGroup(cluster, Producer, 1, 1, resources=half())
+    consumers = WorkerGroup(cluster, Consumer, 2, resources=half())
+    channel = Channel("data", consumers)  # int key k -> rank k % 2
+    c0 = consumers.call("consume", channel, [0, 2], 25, ranks=[0])
+    c1 = consumers.call("consume", channel, [1, 3], 25, ranks=[1])
+    p = producers.produce(channel, 100, 4)
+    wait_all(c0, c1, p)
+    got = {**c0.result(), **c1.result()}
+    for k in range(4):
+        assert got[k] == [1000 + i for i in range(k, 100, 4)]  # in put order, only its own key
+    producers.shutdown()
+    consumers.shutdown()
+
+
+def test_get_batch_and_two_producers_into_one_key(cluster):
+    producers = WorkerGroup(cluster, Producer, 2, 1, resources=half())
+    consumers = WorkerGroup(cluster, Consumer, 1, resources=half())
+    channel = Channel("data", consumers)
+    wait_all(producers.produce(channel, 10, 1))
+    items = consumers.consume_batch(channel, 0, 20).result()
+    assert sorted(items) == sorted([1000 + i for i in range(10)] + [1100 + i for i in range(10)])
+    # each producer's own items stay in order
+    assert [x for x in items if x < 1100] == [1000 + i for i in range(10)]
+    producers.shutdown()
+    consumers.shutdown()
+
+
+def test_worker_exception_names_group_rank_method_and_cause(cluster):
+    group = WorkerGroup(cluster, Producer, 2, 1, name="sim", resources=half())
+    with pytest.raises(WorkerError) as err:
+        group.call("fail", ranks=[1]).wait()
+    msg = str(err.value)
+    assert "sim[rank 1]" in msg and "fail()" in msg and "ValueError: boom in the worker" in msg
+    assert "traceback in the worker" in msg
+    group.shutdown()
+
+
+def test_user_error_in_worker_stays_a_user_error(cluster):
+    group = WorkerGroup(cluster, Producer, 1, 1, resources=half())
+    with pytest.raises(UserError, match="bad user input"):
+        group.user_fail().wait()
+    group.shutdown()
+
+
+def test_construction_error_names_the_rank(cluster):
+    with pytest.raises(WorkerError, match=r"BrokenInit\[rank 1\].*cannot start rank 1"):
+        WorkerGroup(cluster, BrokenInit, 2, resources=half())
+
+
+def test_wait_all_fails_fast_and_times_out(cluster):
+    group = WorkerGroup(cluster, Producer, 2, 1, resources=half())
+    t0 = time.monotonic()
+    slow = group.call("sleep", 5.0, ranks=[0])
+    bad = group.call("fail", ranks=[1])
+    with pytest.raises(WorkerError, match="fail"):
+        wait_all(slow, bad)
+    assert time.monotonic() - t0 < 4.0, "did not fail fast"
+    with pytest.raises(WorkerTimeout, match="no answer within the timeout"):
+        group.call("sleep", 5.0, ranks=[1]).wait(timeout_s=0.5)
+    group.shutdown()
+
+
+def test_channel_get_times_out_instead_of_hanging(cluster):
+    consumers = WorkerGroup(cluster, Consumer, 1, resources=half())
+    channel = Channel("never", consumers, timeout_s=0.5)
+    with pytest.raises(WorkerError, match="ChannelTimeout.*is the producer alive"):
+        consumers.consume(channel, [0], 1).wait()
+    consumers.shutdown()
+
+
+def test_handle_passes_results_between_groups_without_the_driver(cluster):
+    a = WorkerGroup(cluster, Producer, 1, 3, resources=half())
+    b = WorkerGroup(cluster, Consumer, 1, resources=half())
+    who = a.whoami()
+    assert b.identity(who.handle(0)).result()[:2] == (0, 1)
+    a.shutdown()
+    b.shutdown()
+
+
+def test_dead_worker_process_is_reported(ray_cluster):
+    group = WorkerGroup(ray_cluster, Producer, 1, 1, name="doomed", resources=half())
+    with pytest.raises(WorkerError, match=r"doomed\[rank 0\].*died"):
+        group.die().wait(timeout_s=60)
