@@ -1,17 +1,39 @@
-"""Any gymnasium env: a registered id, ``module:EnvId``, or ``package.module:ClassName``."""
+"""Any gymnasium env: a registered id, ``module:EnvId``, or ``package.module:ClassName``.
+
+Backends (``env.backend``): ``inprocess`` steps the envs one after another in this process
+(:class:`SerialVecEnv`), ``multiprocess`` spreads them over ``env.num_procs`` worker processes
+(:class:`MultiprocessVecEnv`); ``auto`` is ``inprocess`` (gymnasium envs are usually cheap, and
+one process has no message overhead).
+
+Pixel observations (``env.obs_mode`` ``rgb`` or ``state+rgb``): the env renders with
+``render_mode="rgb_array"`` at ``env.image_size`` square, and the observation becomes
+``{"state": (D,) float32, "rgb": (H, W, 3) uint8}`` (``rgb`` mode drops ``state``). MuJoCo envs
+render offscreen through EGL (``MUJOCO_GL=egl``, Debian package ``libegl1``) or OSMesa
+(``libosmesa6``); the first one present is chosen when ``MUJOCO_GL`` is unset. Shadows,
+reflections and the skybox are switched off for pixel observations: with a software renderer they
+cost ~20x the frame rate and add nothing a policy needs.
+"""
 
 from __future__ import annotations
 
+import ctypes.util
 import functools
 import importlib
+import os
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from embodied.errors import UserError, did_you_mean
+from envs.base import VecEnv
 from envs.config import EnvConfig
+from envs.multiprocess import MultiprocessVecEnv
 from envs.registry import register_adapter
 from envs.serial import SerialVecEnv
+
+OBS_MODES = ("state", "rgb", "state+rgb")
+BACKENDS = ("auto", "inprocess", "multiprocess")
 
 
 def _resolve(env_id: str) -> tuple[str, Any]:
@@ -41,18 +63,128 @@ def _resolve(env_id: str) -> tuple[str, Any]:
     return "id", env_id
 
 
+def _is_mujoco(kind: str, target: Any) -> bool:
+    """Whether the env is a gymnasium MuJoCo env (accepts ``width``/``height`` for rendering)."""
+    if kind == "id":
+        entry = gym.spec(target).entry_point
+        if not isinstance(entry, str):
+            target = entry
+        else:
+            return entry.startswith("gymnasium.envs.mujoco")
+    try:
+        from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
+    except ImportError:  # mujoco not installed
+        return False
+    return isinstance(target, type) and issubclass(target, MujocoEnv)
+
+
+def ensure_mujoco_gl() -> str | None:
+    """Choose MuJoCo's offscreen GL backend (EGL, else OSMesa) unless ``MUJOCO_GL`` is set.
+
+    Must run before MuJoCo's rendering module is imported (it reads the variable on import).
+    """
+    if "MUJOCO_GL" not in os.environ:
+        for backend, lib in (("egl", "EGL"), ("osmesa", "OSMesa")):
+            if ctypes.util.find_library(lib):
+                os.environ["MUJOCO_GL"] = backend
+                break
+    return os.environ.get("MUJOCO_GL")
+
+
 def make_single_env(cfg: EnvConfig, render: bool = False) -> gym.Env:
-    """One gymnasium env as the config describes (time limit, kwargs, rgb render mode)."""
+    """One gymnasium env as the config describes (time limit, kwargs, rgb render mode, pixels)."""
     kind, target = _resolve(cfg.id)
     kwargs = dict(cfg.kwargs)
-    if render:
+    pixels = cfg.obs_mode != "state"
+    mujoco = _is_mujoco(kind, target)
+    if render or pixels:
         kwargs.setdefault("render_mode", "rgb_array")
+        if mujoco:
+            ensure_mujoco_gl()
+            kwargs.setdefault("width", cfg.image_size)
+            kwargs.setdefault("height", cfg.image_size)
     if kind == "class":
         env = target(**kwargs)
         if cfg.max_episode_steps is not None:
             env = gym.wrappers.TimeLimit(env, cfg.max_episode_steps)
-        return env
-    return gym.make(target, max_episode_steps=cfg.max_episode_steps, **kwargs)
+    else:
+        env = gym.make(target, max_episode_steps=cfg.max_episode_steps, **kwargs)
+    if pixels:
+        env = PixelObservation(env, cfg.image_size, keep_state=cfg.obs_mode == "state+rgb", fast_mujoco=mujoco)
+    return env
+
+
+class PixelObservation(gym.ObservationWrapper):
+    """Adds the rendered frame to the observation: ``{"state"?: (D,) float32, "rgb": (S, S, 3) uint8}``.
+
+    Frames not already ``size`` x ``size`` are resized (bilinear); the state is the env's own
+    observation, flattened, as float32.
+    """
+
+    def __init__(self, env: gym.Env, size: int, keep_state: bool = True, fast_mujoco: bool = False) -> None:
+        super().__init__(env)
+        if env.render_mode != "rgb_array":
+            raise UserError(f"pixel observations need render_mode='rgb_array', {env.spec.id if env.spec else env} has {env.render_mode!r}.")
+        self.size = size
+        self.keep_state = keep_state
+        self.fast_mujoco = fast_mujoco
+        self._viewer_tuned = False
+        spaces: dict[str, gym.Space] = {}
+        if keep_state:
+            flat = gym.spaces.flatten_space(env.observation_space)
+            spaces["state"] = gym.spaces.Box(flat.low.astype(np.float32), flat.high.astype(np.float32), flat.shape, np.float32)
+        spaces["rgb"] = gym.spaces.Box(0, 255, (size, size, 3), np.uint8)
+        self.observation_space = gym.spaces.Dict(spaces)
+
+    def observation(self, observation: Any) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        if self.keep_state:
+            out["state"] = np.asarray(gym.spaces.flatten(self.env.observation_space, observation), np.float32)
+        out["rgb"] = self._frame()
+        return out
+
+    def _frame(self) -> np.ndarray:
+        if self.fast_mujoco and not self._viewer_tuned:
+            self._tune_mujoco_viewer()
+        frame = np.asarray(self.env.render())
+        if frame.shape[:2] != (self.size, self.size):
+            from PIL import Image
+
+            frame = np.asarray(Image.fromarray(frame[..., :3]).resize((self.size, self.size), Image.BILINEAR))
+        return np.ascontiguousarray(frame[..., :3], dtype=np.uint8)
+
+    def _tune_mujoco_viewer(self) -> None:
+        # Shadows, reflections and skybox cost ~20x the frame rate of a software renderer.
+        import mujoco
+
+        self._viewer_tuned = True
+        renderer = getattr(self.env.unwrapped, "mujoco_renderer", None)
+        if renderer is None:
+            return
+        viewer = renderer._get_viewer("rgb_array")
+        for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION, mujoco.mjtRndFlag.mjRND_SKYBOX):
+            viewer.scn.flags[flag] = False
+
+
+def resolve_backend(cfg: EnvConfig, auto: str) -> str:
+    """``cfg.backend`` validated, with ``auto`` replaced by the adapter's choice ``auto``."""
+    if cfg.backend not in BACKENDS:
+        raise UserError(f"env.backend={cfg.backend!r} is not one of {', '.join(BACKENDS)}.{did_you_mean(cfg.backend, BACKENDS)}")
+    return auto if cfg.backend == "auto" else cfg.backend
+
+
+def default_num_procs(cfg: EnvConfig) -> int:
+    """``cfg.num_procs`` when set (> 0), else one process per available core, at most one per env."""
+    if cfg.num_procs is not None and cfg.num_procs > 0:
+        return min(cfg.num_procs, cfg.num_envs)
+    return max(1, min(cfg.num_envs, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def vectorize(env_fns: list, cfg: EnvConfig, backend: str, instructions: list[str] | None = None) -> VecEnv:
+    """The VecEnv of ``env_fns`` on ``backend`` (``inprocess`` or ``multiprocess``)."""
+    if backend == "inprocess":
+        return SerialVecEnv(env_fns, instructions)
+    return MultiprocessVecEnv(env_fns, default_num_procs(cfg), instructions)
 
 
 def _claims(env_id: str) -> bool:
@@ -60,10 +192,11 @@ def _claims(env_id: str) -> bool:
 
 
 @register_adapter("gymnasium", _claims, priority=100, doc="Any gymnasium env by id, module:EnvId or module:Class.")
-def make_gymnasium(cfg: EnvConfig, seed: int) -> SerialVecEnv:
+def make_gymnasium(cfg: EnvConfig, seed: int) -> VecEnv:
     """Any gymnasium env by id, ``module:EnvId`` or ``package.module:ClassName``."""
     _resolve(cfg.id)  # fail fast, in this process, with a clear message
-    if cfg.obs_mode != "state":
-        raise UserError(f"env.obs_mode={cfg.obs_mode!r} is not supported by the gymnasium adapter yet; use 'state'.")
+    if cfg.obs_mode not in OBS_MODES:
+        raise UserError(f"env.obs_mode={cfg.obs_mode!r} is not one of {', '.join(OBS_MODES)}.{did_you_mean(cfg.obs_mode, OBS_MODES)}")
+    backend = resolve_backend(cfg, auto="inprocess")
     fn = functools.partial(make_single_env, cfg)
-    return SerialVecEnv([fn] * cfg.num_envs)
+    return vectorize([fn] * cfg.num_envs, cfg, backend)
