@@ -120,7 +120,7 @@ def sequential_plan(workflow: Workflow, resources: Resources, profile: Profile |
     spec = workflow.spec
     everything = tuple(range(len(resources.devices)))
     placement = {c: everything for c in spec.components}
-    offload = switchable_components(placement, spec.phases)
+    offload = tuple(sorted(switchable_components(placement, spec.phases)))
     return Plan("colocated", placement, 1, None, offload, math.nan)
 
 
@@ -239,6 +239,8 @@ def _explain_infeasible(
                 f"x {items} items), but the roomiest device it may use, "
                 f"{resources.describe(roomiest.indices[0])}, has {roomiest.memory_gib:g} GiB"
             )
+    if not overflows:
+        return f"no {'/'.join(modes)} plan fits on these resources"
     overflow_gib, closest = min(overflows)
     return (
         f"no {'/'.join(modes)} plan fits in memory, even with offloading. Closest: {closest} "

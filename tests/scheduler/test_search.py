@@ -192,7 +192,7 @@ def test_sequential_plan_without_profile_is_conservative():
     baseline = sequential_plan(Workflow.embodied(num_envs=8, rollout_steps=4), Resources.gpus(2, 80.0))
     assert baseline.mode == "colocated" and baseline.num_chunks == 1
     assert baseline.placement == {"env": (0, 1), "rollout": (0, 1), "actor": (0, 1)}
-    assert baseline.offload == ("env", "rollout", "actor")
+    assert baseline.offload == ("actor", "env", "rollout")
     assert math.isnan(baseline.predicted_iteration_s)
 
 

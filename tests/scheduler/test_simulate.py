@@ -225,7 +225,8 @@ def test_more_chunks_never_slower_without_fixed_costs_when_disaggregated(seed):
     resources = Resources.cpu_cores(4, 8.0)
     n_env = rng.randint(1, 2)
     placement = {"env": tuple(range(n_env)), "rollout": tuple(range(n_env, 3)), "actor": rng.choice([(3,), (0, 1, 2, 3)])}
-    makespans = [simulate(_plan("disaggregated", placement, k), prof, workflow, resources).makespan_s
+    mode = "disaggregated" if placement["actor"] == (3,) else "hybrid"  # env and rollout disjoint either way
+    makespans = [simulate(_plan(mode, placement, k), prof, workflow, resources).makespan_s
                  for k in range(1, workflow.num_envs + 1)]
     for fewer, more in zip(makespans, makespans[1:]):
         assert more <= fewer + 1e-9
