@@ -3,10 +3,14 @@
 Kinds live in :data:`WORKFLOW_KINDS` (a registry of builder specs, no if/elif on the kind):
 
 ``embodied``
-    Per chunk c, a strict alternation ``env t0 → rollout t0 → env t1 → … → rollout t(T-1)``:
-    ``env t`` steps the chunk's envs (t = 0 starts from the reset / carried-over observation and
-    has no input from this iteration), ``rollout t`` infers the actions for the obs of ``env t``.
-    After every chunk's last rollout, the actor trains ``train_epochs`` epochs on all
+    Per chunk c, a strict alternation
+    ``rollout t0 → env t0 → rollout t1 → env t1 → … → env t(T-1) → rollout tT``, the message
+    protocol of ``pipelines/workers.py``: the env worker first sends the chunk's current
+    observation (carried over from the last iteration, or the reset on the very first one; free
+    in steady state, so not a task), ``rollout t`` infers actions (and values, log-probs) for the
+    observation of step t, ``env t`` steps the chunk's envs with them, and ``rollout tT`` computes
+    the bootstrap values of the final observation (costed like an inference call). After every
+    chunk's ``rollout tT``, the actor trains ``train_epochs`` epochs on all
     ``num_envs * rollout_steps`` samples (PPO needs the whole batch before its first epoch), in
     calls of ``train_microbatch`` samples. Then weights sync to the rollout workers.
 
@@ -169,17 +173,18 @@ def _embodied_build(w: Workflow, plan: Plan, profile: Profile) -> list[Task]:
     sizes = chunk_sizes(w.num_envs, plan.num_chunks)
     env_s = [env.cost.time_s(s, len(env_devices)) for s in sizes]
     rollout_s = [rollout.cost.time_s(s, len(rollout_devices)) for s in sizes]
+    steps = w.rollout_steps
     tasks: list[Task] = []
-    for t in range(w.rollout_steps):
+    for t in range(steps + 1):
         for c, size in enumerate(sizes):
-            actions = () if t == 0 else (Dep(f"rollout t{t - 1} c{c}", size * rollout.output_mib_per_item),)
-            tasks.append(Task(f"env t{t} c{c}", "env", env_devices, env_s[c], actions, (0, WORK, t, c, 0), t, c))
-            obs = (Dep(f"env t{t} c{c}", size * env.output_mib_per_item),)
-            tasks.append(Task(f"rollout t{t} c{c}", "rollout", rollout_devices, rollout_s[c], obs, (0, WORK, t, c, 1), t, c))
+            obs = () if t == 0 else (Dep(f"env t{t - 1} c{c}", size * env.output_mib_per_item),)
+            tasks.append(Task(f"rollout t{t} c{c}", "rollout", rollout_devices, rollout_s[c], obs, (0, WORK, t, c, 0), t, c))
+            if t < steps:
+                actions = (Dep(f"rollout t{t} c{c}", size * rollout.output_mib_per_item),)
+                tasks.append(Task(f"env t{t} c{c}", "env", env_devices, env_s[c], actions, (0, WORK, t, c, 1), t, c))
 
-    last = w.rollout_steps - 1
     sample_mib = env.output_mib_per_item + rollout.output_mib_per_item
-    trajectories = tuple(Dep(f"rollout t{last} c{c}", size * w.rollout_steps * sample_mib) for c, size in enumerate(sizes))
+    trajectories = tuple(Dep(f"rollout t{steps} c{c}", size * steps * sample_mib) for c, size in enumerate(sizes))
     samples = w.num_envs * w.rollout_steps
     minibatches = call_sizes(samples, w.train_minibatch)
     calls = [b for mb in minibatches for b in call_sizes(mb, plan.train_microbatch)]

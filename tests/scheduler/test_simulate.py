@@ -35,54 +35,62 @@ def _env_rollout_profile(**actor):
 
 DISAGGREGATED = {"env": (0,), "rollout": (1,), "actor": (2,)}
 
+# Per chunk the chain is rollout t0 -> env t0 -> rollout t1 -> ... -> env t(T-1) -> rollout tT
+# (the last rollout computes bootstrap values): T env calls, T + 1 rollout calls.
+
 
 def test_disaggregated_two_chunks_one_step_by_hand():
     # Chunks of 2 envs: every env/rollout task takes 0.5 s.
-    #   dev0 env:     c0 [0, .5]  c1 [.5, 1]
-    #   dev1 rollout: c0 [.5, 1]  c1 [1, 1.5]
-    #   dev2 actor:   [1.5, 2.0]  (one call on all 4 samples: fixed 0.5 s)
-    timeline = simulate(_plan("disaggregated", DISAGGREGATED, 2), _env_rollout_profile(),
-                        Workflow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(3, 8.0))
+    #   dev1 rollout: t0c0 [0,.5]  t0c1 [.5,1]  t1c0 (after env t0c0 at 1.0) [1,1.5]  t1c1 (env t0c1 1.5) [1.5,2]
+    #   dev0 env:     t0c0 [.5,1]  t0c1 [1,1.5]
+    #   dev2 actor:   [2, 2.5]  (one call on all 4 samples: fixed 0.5 s)
+    # One chunk: rollout [0,1], env [1,2], rollout [2,3], actor [3,3.5].
+    workflow, resources = Workflow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(3, 8.0)
+    timeline = simulate(_plan("disaggregated", DISAGGREGATED, 2), _env_rollout_profile(), workflow, resources)
     times = _times(timeline)
-    assert times["env t0 c1"] == (0.5, 1.0)
-    assert times["rollout t0 c1"] == (1.0, 1.5)
-    assert times["actor epoch 0"] == (1.5, 2.0)
-    assert timeline.makespan_s == 2.0
-    assert timeline.utilization == pytest.approx({0: 0.5, 1: 0.5, 2: 0.25})
+    assert times["env t0 c1"] == (1.0, 1.5)
+    assert times["rollout t1 c1"] == (1.5, 2.0)
+    assert times["actor epoch 0"] == (2.0, 2.5)
+    assert timeline.makespan_s == 2.5
+    assert timeline.utilization == pytest.approx({0: 1.0 / 2.5, 1: 2.0 / 2.5, 2: 0.5 / 2.5})
+    one_chunk = simulate(_plan("disaggregated", DISAGGREGATED, 1), _env_rollout_profile(), workflow, resources)
+    assert one_chunk.makespan_s == 3.5
 
 
 def test_disaggregated_two_chunks_two_steps_by_hand():
-    #   env:     t0c0 [0,.5] t0c1 [.5,1] | t1c0 waits rollout t0c0 (1.0): [1,1.5] | t1c1 waits r t0c1 (1.5): [1.5,2]
-    #   rollout: t0c0 [.5,1] t0c1 [1,1.5] | t1c0 waits env t1c0 (1.5): [1.5,2]   | t1c1 waits env t1c1 (2): [2,2.5]
-    #   actor: [2.5, 3.0]. Sequential (1 chunk) would be 1+1+1+1 + 0.5 = 4.5.
+    #   rollout: t0c0 [0,.5] t0c1 [.5,1] t1c0 [1,1.5] t1c1 [1.5,2] t2c0 (env t1c0 ends 2) [2,2.5] t2c1 [2.5,3]
+    #   env:     t0c0 [.5,1] t0c1 [1,1.5] t1c0 (rollout t1c0 ends 1.5) [1.5,2] t1c1 (r t1c1 ends 2) [2,2.5]
+    #   actor: [3, 3.5]. One chunk: 3 rollout + 2 env calls of 1 s + 0.5 = 5.5.
     workflow, resources = Workflow.embodied(num_envs=4, rollout_steps=2), Resources.cpu_cores(3, 8.0)
     timeline = simulate(_plan("disaggregated", DISAGGREGATED, 2), _env_rollout_profile(), workflow, resources)
     times = _times(timeline)
-    assert times["env t1 c0"] == (1.0, 1.5)
-    assert times["rollout t1 c1"] == (2.0, 2.5)
-    assert timeline.makespan_s == 3.0
+    assert times["env t1 c0"] == (1.5, 2.0)
+    assert times["rollout t2 c1"] == (2.5, 3.0)
+    assert timeline.makespan_s == 3.5
     one_chunk = simulate(_plan("disaggregated", DISAGGREGATED, 1), _env_rollout_profile(), workflow, resources)
-    assert one_chunk.makespan_s == 4.5
+    assert one_chunk.makespan_s == 5.5
 
 
 def test_transfer_latency_and_size_by_hand():
-    # 1 chunk, T=1, env output 2 MiB/env, message cost 0.1 s + 0.05 s/MiB.
-    # env [0,1]; obs message 4 envs * 2 MiB = 8 MiB -> 0.1 + 0.4 = 0.5 s; rollout [1.5, 2.5];
-    # trajectories 4 * 1 step * (2 + 0) MiB -> 0.5 s; actor [3.0, 3.5]; the weight sync to dev1 is a
-    # 0 MiB message (0.1 s) with no local cost: a zero-length sync span at 3.6.
+    # 1 chunk, T=1, env output 2 MiB/env, rollout output 0 MiB, message cost 0.1 s + 0.05 s/MiB.
+    # rollout t0 [0,1]; actions (0 MiB) 0.1 s; env [1.1,2.1]; obs 4 envs * 2 MiB = 8 MiB -> 0.5 s;
+    # rollout t1 [2.6,3.6]; trajectories 4 * 1 step * (2 + 0) MiB -> 0.5 s; actor [4.1,4.6];
+    # the weight sync to dev1 is a 0 MiB message (0.1 s) with no local cost: a zero-length span at 4.7.
     prof = profile(component("env", per_item_s=0.25, output_mib_per_item=2.0), component("rollout", per_item_s=0.25),
                    component("actor", fixed_s=0.5), latency_s=0.1, s_per_mib=0.05)
     timeline = simulate(_plan("disaggregated", DISAGGREGATED, 1), prof,
                         Workflow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(3, 8.0))
-    assert _times(timeline)["rollout t0 c0"] == (1.5, 2.5)
-    assert _times(timeline)["actor epoch 0"] == pytest.approx((3.0, 3.5))
-    assert timeline.makespan_s == pytest.approx(3.6)
+    times = _times(timeline)
+    assert times["env t0 c0"] == pytest.approx((1.1, 2.1))
+    assert times["rollout t1 c0"] == pytest.approx((2.6, 3.6))
+    assert times["actor epoch 0"] == pytest.approx((4.1, 4.6))
+    assert timeline.makespan_s == pytest.approx(4.7)
 
 
 def test_colocated_with_context_switches_by_hand():
     # One device; T=2, 1 chunk; env 1 s, rollout 1 s, actor 2 s per call.
-    # Device order: onload env .2, onload rollout .4, e0 1, r0 1, e1 1, r1 1, offload env .1,
-    # offload rollout .3, onload actor .6, actor 2, offload actor .5  = 8.1 s; busy (work) 6 s.
+    # Device order: onload env .2, onload rollout .4, r0 1, e0 1, r1 1, e1 1, r2 1, offload env .1,
+    # offload rollout .3, onload actor .6, actor 2, offload actor .5  = 9.1 s; busy (work) 7 s.
     prof = profile(
         component("env", per_item_s=0.25, offload_s=0.1, onload_s=0.2),
         component("rollout", per_item_s=0.25, offload_s=0.3, onload_s=0.4),
@@ -92,24 +100,24 @@ def test_colocated_with_context_switches_by_hand():
     timeline = simulate(_plan("colocated", placement, 1, offload=("actor", "env", "rollout")), prof,
                         Workflow.embodied(num_envs=4, rollout_steps=2), Resources.cpu_cores(1, 8.0))
     times = _times(timeline)
-    assert times["env t0 c0"] == pytest.approx((0.6, 1.6))
-    assert times["onload actor @0"] == pytest.approx((5.0, 5.6))
-    assert timeline.makespan_s == pytest.approx(8.1)
-    assert timeline.utilization[0] == pytest.approx(6.0 / 8.1)
+    assert times["env t0 c0"] == pytest.approx((1.6, 2.6))
+    assert times["onload actor @0"] == pytest.approx((6.0, 6.6))
+    assert timeline.makespan_s == pytest.approx(9.1)
+    assert timeline.utilization[0] == pytest.approx(7.0 / 9.1)
     kinds = sorted(s.kind for s in timeline.spans if s.kind != "work")
     assert kinds == ["offload"] * 3 + ["onload"] * 3
 
 
 def test_weight_sync_across_devices_by_hand():
     # As the first hand case plus a 10 MiB weight sync at 0.1 s/MiB and a 0.25 s local load on dev1:
-    # actor ends 2.0; message 1.0 s; sync [3.0, 3.25].
+    # actor ends 2.5; message 1.0 s; sync [3.5, 3.75].
     prof = profile(component("env", per_item_s=0.25), component("rollout", per_item_s=0.25, weights_mib=10.0),
                    component("actor", fixed_s=0.5), component("weight_sync", fixed_s=0.25), s_per_mib=0.1)
     timeline = simulate(_plan("disaggregated", DISAGGREGATED, 2), prof,
                         Workflow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(3, 8.0))
     sync = [s for s in timeline.spans if s.kind == "sync"]
-    assert [(s.device, s.start_s, s.end_s) for s in sync] == [(1, 3.0, 3.25)]
-    assert timeline.makespan_s == 3.25
+    assert [(s.device, s.start_s, s.end_s) for s in sync] == [(1, 3.5, 3.75)]
+    assert timeline.makespan_s == 3.75
 
 
 def test_reasoning_streams_micro_batches_by_hand():
