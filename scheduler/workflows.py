@@ -156,10 +156,11 @@ def _embodied_validate(w: Workflow) -> None:
 
 
 def _embodied_memory_items(w: Workflow, num_chunks: int, microbatch: int | None) -> dict[str, int]:
+    largest_call = w.train_minibatch or w.num_envs * w.rollout_steps  # calls never cross a minibatch
     return {
         "env": w.num_envs,  # every env's state stays resident, not only the running chunk
         "rollout": max(chunk_sizes(w.num_envs, num_chunks)),
-        "actor": microbatch or w.train_minibatch or w.num_envs * w.rollout_steps,
+        "actor": min(microbatch or largest_call, largest_call),
     }
 
 
