@@ -41,9 +41,10 @@ import inspect
 import warnings
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 import gymnasium as gym
 import numpy as np
-import torch
 
 from embodied.errors import UserError
 from envs.base import ChunkStepResult, EpisodeStats, Obs, StepResult, VecEnv
@@ -51,8 +52,13 @@ from envs.config import EnvConfig
 from envs.registry import register_adapter
 from envs.serial import obs_space_as_dict
 
-Tensor = torch.Tensor
-TorchObs = dict[str, Tensor]
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported inside the functions that use it: importing the adapters package (which every
+# CPU env worker process does) then does not pay torch's import time.
+Tensor = "torch.Tensor"
+TorchObs = dict[str, "torch.Tensor"]
 
 
 class TorchEpisodeStats(EpisodeStats):
@@ -103,6 +109,8 @@ class BatchedVecEnv(VecEnv):
     """The VecEnv contract on top of one batched torch env (see the module docstring)."""
 
     def __init__(self, env: Any) -> None:
+        import torch
+
         self.env = env
         self.num_envs = int(env.num_envs)
         self.device = str(getattr(env, "device", "cpu"))
@@ -125,9 +133,13 @@ class BatchedVecEnv(VecEnv):
         return {"state": obs}
 
     def _actions(self, actions: Any) -> Tensor:
+        import torch
+
         return torch.as_tensor(actions, dtype=torch.float32, device=self.device)
 
     def _flag(self, x: Any) -> Tensor:
+        import torch
+
         return torch.as_tensor(x, device=self.device).reshape(self.num_envs).bool()
 
     def _success(self, info: dict[str, Any]) -> Tensor | None:
@@ -150,6 +162,8 @@ class BatchedVecEnv(VecEnv):
         return self._obs(out)
 
     def step(self, actions: Any) -> StepResult:
+        import torch
+
         out = self.env.step(self._actions(actions))
         if len(out) == 5:
             obs, reward, terminated, truncated, info = out
@@ -203,6 +217,8 @@ class BatchedVecEnv(VecEnv):
         remaining actions move the freshly reset env, as in :meth:`VecEnv.chunk_step`; everything
         stays in torch on ``device``.
         """
+        import torch
+
         actions = self._actions(self.check_chunk(actions))
         n, c, dev = self.num_envs, actions.shape[1], self.device
         rewards = torch.zeros((n, c), dtype=torch.float32, device=dev)
@@ -261,6 +277,8 @@ class BatchedVecEnv(VecEnv):
 
 def _merge_rows(base: TorchObs | None, new: TorchObs | None, rows: Tensor) -> TorchObs | None:
     """``base[k][rows] = new[k][rows]`` for every key, allocating ``base`` as a clone of ``new``."""
+    import torch
+
     if new is None:
         return base
     if base is None:

@@ -20,7 +20,8 @@ Reward: robosuite's (``reward_shaping=True`` by default). ``info["success"]`` is
 ``env.kwargs``: ``robot`` (default ``"Panda"``), ``controller`` (default ``"OSC_POSE"``),
 ``camera``, ``wrist_camera``, ``terminate_on_success``, ``render`` (True: ``render()`` returns
 camera frames for videos even with state observations); every other key goes to
-``robosuite.make``.
+``robosuite.make`` (defaults changed here: ``reward_shaping=True``, ``hard_reset=False``, which
+resets in ~2 ms instead of rebuilding the model in ~300 ms).
 
 This module also holds what the robosuite-based adapters share (LIBERO builds on robosuite):
 :func:`vectorize`, per-env numpy RNG streams, image orientation and quaternion helpers.
@@ -180,6 +181,8 @@ class RobosuiteEnv(gym.Env):
         use_rgb = obs_mode != "state"
         cameras = [camera] + ([WRIST_CAMERA] if wrist_camera else [])
         make_kwargs.setdefault("reward_shaping", True)
+        # keep the compiled model between episodes: reset takes ~2 ms instead of ~300 ms
+        make_kwargs.setdefault("hard_reset", False)
         self.env = suite.make(
             env_name,
             robots=robot,
