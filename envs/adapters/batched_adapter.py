@@ -135,6 +135,8 @@ class BatchedVecEnv(VecEnv):
     def _actions(self, actions: Any) -> Tensor:
         import torch
 
+        if isinstance(actions, np.ndarray) and not actions.flags.writeable:
+            actions = actions.copy()  # e.g. from Ray's zero-copy store; torch warns on read-only memory
         return torch.as_tensor(actions, dtype=torch.float32, device=self.device)
 
     def _flag(self, x: Any) -> Tensor:
