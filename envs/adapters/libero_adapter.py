@@ -58,14 +58,14 @@ import gymnasium as gym
 import numpy as np
 
 from embodied.errors import UserError, did_you_mean
+from envs.adapters.gymnasium_adapter import resolve_backend, vectorize
 from envs.adapters.robosuite_adapter import (
-    NumpyRandomStream,
     WRIST_CAMERA,
+    NumpyRandomStream,
     box,
     check_obs_mode,
     prepare_mujoco_rendering,
     quat_to_axis_angle,
-    vectorize,
 )
 from envs.base import VecEnv
 from envs.config import EnvConfig
@@ -475,4 +475,4 @@ def make_libero(cfg: EnvConfig, seed: int) -> VecEnv:
             )
         )
     instructions = [t.instruction for t in env_tasks(cfg.id, cfg.num_envs)]
-    return vectorize(env_fns, cfg, instructions)
+    return vectorize(env_fns, cfg, resolve_backend(cfg, auto="multiprocess"), instructions)

@@ -23,8 +23,13 @@ camera frames for videos even with state observations); every other key goes to
 ``robosuite.make`` (defaults changed here: ``reward_shaping=True``, ``hard_reset=False``, which
 resets in ~2 ms instead of rebuilding the model in ~300 ms).
 
+Backends: ``env.backend=auto`` (the default) and ``multiprocess`` run the envs in
+``env.num_procs`` worker processes (:class:`~envs.multiprocess.MultiprocessVecEnv`), so the
+simulator, its GL context and numpy's global RNG never live in the policy's process;
+``inprocess`` steps them in this process (:class:`~envs.serial.SerialVecEnv`).
+
 This module also holds what the robosuite-based adapters share (LIBERO builds on robosuite):
-:func:`vectorize`, per-env numpy RNG streams, image orientation and quaternion helpers.
+per-env numpy RNG streams, image orientation and quaternion helpers.
 """
 
 from __future__ import annotations
@@ -32,18 +37,17 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from embodied.errors import UserError, did_you_mean
+from envs.adapters.gymnasium_adapter import ensure_mujoco_gl, resolve_backend, vectorize
 from envs.base import VecEnv
 from envs.config import EnvConfig
 from envs.registry import register_adapter
-from envs.serial import SerialVecEnv
 
 OBS_MODES = ("state", "rgb", "state+rgb")
 DEFAULT_MAX_EPISODE_STEPS = 500
@@ -56,10 +60,10 @@ WRIST_CAMERA = "robot0_eye_in_hand"
 def prepare_mujoco_rendering() -> None:
     """Headless offscreen rendering defaults, set before robosuite/mujoco are imported.
 
-    EGL works on machines without a display (Mesa's software EGL on CPU-only machines, the
-    NVIDIA driver's on GPUs); a user's own ``MUJOCO_GL`` (``osmesa``, ``glx``) wins.
+    ``MUJOCO_GL``: EGL (Mesa's software EGL on CPU-only machines, the NVIDIA driver's on GPUs),
+    else OSMesa; a user's own setting wins. (robosuite would force EGL when it is unset.)
     """
-    os.environ.setdefault("MUJOCO_GL", "egl")
+    ensure_mujoco_gl()
     # robosuite warns on import about its optional private macro file; that is not actionable here.
     logging.getLogger("robosuite_logs").setLevel(logging.ERROR)
 
@@ -117,26 +121,6 @@ class NumpyRandomStream:
         finally:
             self.state = np.random.get_state()
             np.random.set_state(saved)
-
-
-def vectorize(env_fns: Sequence[Callable[[], gym.Env]], cfg: EnvConfig, instructions: Sequence[str] | None = None) -> VecEnv:
-    """The VecEnv for CPU simulator envs, as ``env.backend`` asks.
-
-    ``inprocess``: a :class:`SerialVecEnv` in this process. ``multiprocess``: a
-    :class:`~envs.multiprocess.MultiprocessVecEnv` over ``env.num_procs`` processes. ``auto``:
-    multiprocess, with ``env.num_procs`` processes when it is > 1, else one per core (at most one
-    per env); the simulator (its GL context and global RNG) then never lives in the policy's process.
-    """
-    if cfg.backend not in ("auto", "inprocess", "multiprocess"):
-        raise UserError(f"env.backend={cfg.backend!r}; use auto, inprocess or multiprocess.")
-    if cfg.backend == "inprocess":
-        return SerialVecEnv(env_fns, instructions)
-    from envs.multiprocess import MultiprocessVecEnv
-
-    num_procs = cfg.num_procs
-    if cfg.backend == "auto" and num_procs <= 1:
-        num_procs = min(len(env_fns), os.cpu_count() or 1)
-    return MultiprocessVecEnv(env_fns, num_procs, instructions=instructions)
 
 
 def box(shape: tuple[int, ...], dtype: Any = np.float32) -> gym.spaces.Box:
@@ -280,4 +264,4 @@ def make_robosuite(cfg: EnvConfig, seed: int) -> VecEnv:
         )
         for i in range(cfg.num_envs)
     ]
-    return vectorize(env_fns, cfg)
+    return vectorize(env_fns, cfg, resolve_backend(cfg, auto="multiprocess"))
