@@ -1,0 +1,386 @@
+"""ManiSkill3 tasks (any id in ManiSkill's registry, e.g. ``PushCube-v1``).
+
+Backends (``env.backend``):
+
+* ``auto``: the GPU-batched simulator when CUDA is available, else ``multiprocess``.
+* ``multiprocess``: ``env.num_envs`` single CPU envs (ManiSkill's CPU backend refuses
+  ``num_envs > 1`` per process), each wrapped in ManiSkill's ``CPUGymWrapper``, spread over
+  ``env.num_procs`` processes (default: one per core, at most one per env).
+* ``inprocess``: with CUDA, ManiSkill's GPU simulation (``sim_backend="physx_cuda"``) of all envs
+  in this process, returning torch tensors on ``device``; without CUDA, the single CPU envs
+  stepped one after another in this process.
+
+Observations (``env.obs_mode``), as the env contract's dict:
+
+* ``state``: ``{"state": (D,) float32}``, ManiSkill's privileged state (robot + object poses, goal).
+* ``rgb``: ``{"rgb": (H, W, 3) uint8, "state": (d,) float32}`` where ``state`` is only what a real
+  robot would know (ManiSkill's proprioception ``agent`` + task ``extra`` of its rgb mode, e.g.
+  joint positions/velocities, end-effector pose, goal position), flattened.
+* ``state+rgb``: ``{"rgb": ..., "state": (D,) float32}`` with the privileged state.
+
+Cameras render at ``env.image_size`` square. The first camera is ``"rgb"``; further cameras are
+``"rgb/<camera name>"`` (separate keys rather than a stack: cameras may differ in size and a
+policy can pick the ones it wants). ``success`` comes from ManiSkill's ``info["success"]``.
+
+Language (``instructions``): ManiSkill tasks have no language instruction; each task gets one
+fixed sentence, from :data:`INSTRUCTIONS` for the common tasks, else derived from the task
+class's "Task Description" docstring, else "complete the <task name> task".
+
+Assets: tasks that need downloaded assets (YCB objects, PartNet-Mobility, scene datasets, some
+robots) raise a :class:`UserError` that names the asset set and how to provide it. ManiSkill's
+interactive download prompt is never shown (unattended it would be an ``EOFError`` or a hang).
+
+Vulkan: ManiSkill needs a Vulkan device even for state observations; on machines without an
+NVIDIA GPU, ``scripts/setup_vulkan.sh`` provides Mesa's lavapipe and :mod:`envs.vulkan`
+activates it before ManiSkill is imported, here and in every worker process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from embodied.errors import UserError, did_you_mean
+from envs.adapters.gymnasium_adapter import resolve_backend, vectorize
+from envs.base import EpisodeStats, StepResult, VecEnv, to_numpy
+from envs.config import EnvConfig
+from envs.registry import register_adapter
+from envs.vulkan import ensure_vulkan_env
+
+OBS_MODES = {"state": "state", "rgb": "rgb", "state+rgb": "state+rgb"}  # ours -> ManiSkill's
+
+#: One instruction per common task (ManiSkill has no language; these describe the goal).
+INSTRUCTIONS = {
+    "PushCube-v1": "push the cube to the red and white target region",
+    "PullCube-v1": "pull the cube back onto the target region",
+    "PickCube-v1": "pick up the red cube and move it to the goal position",
+    "StackCube-v1": "stack the red cube on top of the green cube",
+    "PegInsertionSide-v1": "insert the orange end of the peg into the hole in the box",
+    "PushT-v1": "push the T-shaped block onto the T-shaped target",
+    "PokeCube-v1": "use the peg to push the cube to the goal position",
+    "LiftPegUpright-v1": "lift the peg lying on the table into an upright position",
+    "PlaceSphere-v1": "place the sphere into the shallow bin",
+    "RollBall-v1": "push the ball so that it rolls into the goal region",
+    "PlugCharger-v1": "plug the charger into the receptacle on the wall",
+    "PullCubeTool-v1": "use the tool to pull the cube within reach",
+    "StackPyramid-v1": "stack the three cubes into a pyramid",
+    "PickSingleYCB-v1": "pick up the object and move it to the goal position",
+    "TurnFaucet-v1": "turn the faucet handle",
+    "OpenCabinetDrawer-v1": "open the cabinet drawer",
+    "OpenCabinetDoor-v1": "open the cabinet door",
+}
+
+_PRIORITY = 20  # before the generic gymnasium adapter (100): ManiSkill ids are gymnasium ids too
+
+
+# --- registry and assets ------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _installed() -> bool:
+    return importlib.util.find_spec("mani_skill") is not None
+
+
+def maniskill_registry() -> dict[str, Any]:
+    """ManiSkill's task registry (id -> EnvSpec); imports ManiSkill once, Vulkan activated first."""
+    ensure_vulkan_env()
+    import mani_skill.envs  # noqa: F401  (registers the tasks)
+    from mani_skill.utils.registration import REGISTERED_ENVS
+
+    return REGISTERED_ENVS
+
+
+def _claims(env_id: str) -> bool:
+    if ":" in env_id or "/" in env_id or not _installed():
+        return False
+    spec = gym.registry.get(env_id)
+    if spec is not None:  # a gymnasium id already: its entry point tells, without importing ManiSkill
+        entry = spec.entry_point
+        module = entry if isinstance(entry, str) else getattr(getattr(entry, "func", entry), "__module__", "")
+        return str(module).startswith("mani_skill")
+    return env_id in maniskill_registry()
+
+
+def missing_assets(env_id: str) -> list[str]:
+    """The asset data sources task ``env_id`` declares and this machine lacks."""
+    from mani_skill.utils import assets
+
+    missing = []
+    for asset_id in maniskill_registry()[env_id].asset_download_ids or []:
+        if asset_id in assets.DATA_GROUPS:
+            sources = assets.expand_data_group_into_individual_data_source_ids(asset_id)
+        else:
+            sources = [asset_id]
+        missing += [s for s in sources if not assets.is_data_source_downloaded(s)]
+    return missing
+
+
+def _asset_help(what: str) -> str:
+    import mani_skill
+
+    return (
+        f"{what} This machine cannot download assets at run time. On a machine with internet run "
+        f"`python -m mani_skill.utils.download_asset <asset id>` (it writes to ~/.maniskill/data, or "
+        f"$MS_ASSET_DIR/data), copy that data folder here to {mani_skill.ASSET_DIR}, or point "
+        "MS_ASSET_DIR at the folder that contains it. Tasks that need no downloads: PushCube-v1, "
+        "PickCube-v1, StackCube-v1, PegInsertionSide-v1, PushT-v1."
+    )
+
+
+def check_task(env_id: str) -> None:
+    """UserError for an unknown task id or a task whose declared assets are missing."""
+    registry = maniskill_registry()
+    if env_id not in registry:
+        raise UserError(
+            f"Unknown ManiSkill task {env_id!r}.{did_you_mean(env_id, registry)} "
+            f"Registered tasks: {', '.join(sorted(registry))}."
+        )
+    missing = missing_assets(env_id)
+    if missing:
+        ids = ", ".join(missing[:5]) + (f" (and {len(missing) - 5} more)" if len(missing) > 5 else "")
+        raise UserError(_asset_help(f"ManiSkill task {env_id!r} needs the asset set(s) {ids}, which are not downloaded."))
+
+
+@contextlib.contextmanager
+def _no_download_prompt() -> Iterator[None]:
+    """Turn ManiSkill's interactive "download assets now?" prompt into a UserError."""
+    from mani_skill.utils import download_asset
+
+    def refuse(message: str) -> bool:
+        raise UserError(_asset_help(f"ManiSkill needs assets that are not downloaded: {message.strip()}"))
+
+    original = download_asset.prompt_yes_no
+    download_asset.prompt_yes_no = refuse
+    try:
+        yield
+    finally:
+        download_asset.prompt_yes_no = original
+
+
+def instruction_for(env_id: str) -> str:
+    """The task's one-sentence instruction (see the module docstring)."""
+    if env_id in INSTRUCTIONS:
+        return INSTRUCTIONS[env_id]
+    doc = maniskill_registry()[env_id].cls.__doc__ or ""
+    found = re.search(r"\*\*Task Description:\*\*\s*(.+?)(?:\n\s*\n|\*\*|$)", doc, re.S)
+    if found:
+        sentence = " ".join(found.group(1).split()).split(". ")[0].strip(" .-")
+        sentence = re.sub(r"^(A simple task where )?the (objective|goal) is to ", "", sentence, flags=re.I)
+        return sentence[0].lower() + sentence[1:]
+    name = re.sub(r"-v\d+$", "", env_id)
+    return "complete the " + re.sub(r"(?<=[a-z])(?=[A-Z])", " ", name).lower() + " task"
+
+
+# --- one CPU env ---------------------------------------------------------------------------------------
+
+
+def _maniskill_kwargs(cfg: EnvConfig, sim_backend: str, num_envs: int) -> dict[str, Any]:
+    kwargs = dict(cfg.kwargs)
+    kwargs.setdefault("obs_mode", OBS_MODES[cfg.obs_mode])
+    kwargs.setdefault("sim_backend", sim_backend)
+    if sim_backend == "physx_cpu":
+        kwargs.setdefault("render_backend", "cpu")
+    kwargs.setdefault("render_mode", "rgb_array")  # VecEnv.render() for videos; costs only when called
+    if cfg.obs_mode != "state":
+        kwargs.setdefault("sensor_configs", {"width": cfg.image_size, "height": cfg.image_size})
+    kwargs["num_envs"] = num_envs
+    return kwargs
+
+
+def make_cpu_env(cfg: EnvConfig) -> gym.Env:
+    """One ManiSkill CPU env with numpy, unbatched outputs and the contract's observation dict."""
+    maniskill_registry()
+    from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
+
+    with _no_download_prompt():
+        env = gym.make(cfg.id, max_episode_steps=cfg.max_episode_steps, **_maniskill_kwargs(cfg, "physx_cpu", 1))
+    return ContractObservation(CPUGymWrapper(env), cfg.obs_mode)
+
+
+def _leaves(space_or_obs: Any) -> Iterator[Any]:
+    """Leaves of a nested dict (of spaces or arrays), in insertion order."""
+    items = space_or_obs.spaces if isinstance(space_or_obs, gym.spaces.Dict) else space_or_obs
+    for value in items.values():
+        if isinstance(value, (dict, gym.spaces.Dict)):
+            yield from _leaves(value)
+        else:
+            yield value
+
+
+def flatten_state(obs: dict[str, Any]) -> np.ndarray:
+    """Concatenate the leaves of a nested state dict into one (D,) float32 vector."""
+    parts = [np.asarray(leaf, np.float32).reshape(-1) for leaf in _leaves(obs)]
+    return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+
+def camera_keys(cameras: list[str]) -> dict[str, str]:
+    """Camera name -> observation key: the first camera is "rgb", the others "rgb/<name>"."""
+    return {cam: "rgb" if i == 0 else f"rgb/{cam}" for i, cam in enumerate(cameras)}
+
+
+def contract_space(space: gym.spaces.Space, obs_mode: str) -> tuple[gym.spaces.Dict, dict[str, str]]:
+    """The contract's Dict space of one env from ManiSkill's single-env space, and its cameras
+    (camera name -> observation key)."""
+    if obs_mode == "state":
+        dim = int(np.prod(space.shape))
+    elif obs_mode == "state+rgb":
+        dim = int(np.prod(space["state"].shape))
+    else:  # rgb: the robot's own (non-privileged) state from ManiSkill's agent + extra
+        dim = sum(int(np.prod(leaf.shape)) for key in ("agent", "extra") if key in space.spaces for leaf in _leaves(space[key]))
+    spaces: dict[str, gym.Space] = {"state": gym.spaces.Box(-np.inf, np.inf, (dim,), np.float32)}
+    cameras: dict[str, str] = {}
+    if obs_mode != "state":
+        sensors = space["sensor_data"]
+        cameras = camera_keys([cam for cam in sensors.spaces if "rgb" in sensors[cam].spaces])
+        for cam, key in cameras.items():
+            h, w = sensors[cam]["rgb"].shape[-3:-1]
+            spaces[key] = gym.spaces.Box(0, 255, (h, w, 3), np.uint8)
+    return gym.spaces.Dict(spaces), cameras
+
+
+class ContractObservation(gym.ObservationWrapper):
+    """ManiSkill's (unbatched, numpy) observation -> the contract's ``{"state", "rgb", ...}`` dict."""
+
+    def __init__(self, env: gym.Env, obs_mode: str) -> None:
+        super().__init__(env)
+        self.obs_mode = obs_mode
+        self.observation_space, self.cameras = contract_space(env.observation_space, obs_mode)
+
+    def observation(self, obs: Any) -> dict[str, np.ndarray]:
+        if self.obs_mode == "state":
+            return {"state": np.asarray(obs, np.float32).reshape(-1)}
+        if self.obs_mode == "state+rgb":
+            out = {"state": np.asarray(obs["state"], np.float32).reshape(-1)}
+        else:
+            out = {"state": flatten_state({k: obs[k] for k in ("agent", "extra") if k in obs})}
+        for cam, key in self.cameras.items():
+            out[key] = np.ascontiguousarray(obs["sensor_data"][cam]["rgb"][..., :3], dtype=np.uint8)
+        return out
+
+
+# --- the adapter -------------------------------------------------------------------------------------
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@register_adapter("maniskill", _claims, priority=_PRIORITY, doc="ManiSkill3 tasks (CPU processes or GPU-batched sim).")
+def make_maniskill(cfg: EnvConfig, seed: int) -> VecEnv:
+    """ManiSkill3 tasks: CPU envs in worker processes, or the GPU-batched simulator with CUDA."""
+    if not _installed():
+        raise UserError("ManiSkill is not installed: pip install 'embodied[maniskill]' (mani_skill==3.0.1, sapien==3.0.3).")
+    if cfg.obs_mode not in OBS_MODES:
+        raise UserError(f"env.obs_mode={cfg.obs_mode!r} is not one of {', '.join(OBS_MODES)} for ManiSkill.{did_you_mean(cfg.obs_mode, OBS_MODES)}")
+    check_task(cfg.id)
+    cuda = _cuda_available()
+    backend = resolve_backend(cfg, auto="inprocess" if cuda else "multiprocess")
+    instructions = [instruction_for(cfg.id)] * cfg.num_envs
+    if backend == "inprocess" and cuda:
+        return ManiSkillGPUVecEnv(cfg, instructions)
+    fn = functools.partial(make_cpu_env, cfg)
+    return vectorize([fn] * cfg.num_envs, cfg, backend, instructions)
+
+
+# --- GPU-batched backend (needs CUDA; not exercised on CPU-only machines) -------------------------------
+
+
+class ManiSkillGPUVecEnv(VecEnv):
+    """All ``num_envs`` envs in one ManiSkill GPU simulation; arrays are torch tensors on ``device``.
+
+    Auto-reset and final observations come from ManiSkill's ``ManiSkillVectorEnv`` (partial reset
+    of the finished envs); rewards/dones stay on the GPU, episode stats are numpy. ``chunk_step``
+    is the contract's default (the whole batch steps C times; steps after an env's episode ended
+    are masked out), since a batched simulator cannot pause single envs.
+    """
+
+    def __init__(self, cfg: EnvConfig, instructions: list[str] | None = None) -> None:
+        import torch
+        from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
+
+        self.num_envs = cfg.num_envs
+        with _no_download_prompt():
+            env = gym.make(cfg.id, max_episode_steps=cfg.max_episode_steps, **_maniskill_kwargs(cfg, "physx_cuda", cfg.num_envs))
+        self.env = ManiSkillVectorEnv(env, cfg.num_envs, auto_reset=True, ignore_terminations=False, record_metrics=False)
+        self.device = str(self.env.device)
+        self.obs_mode = cfg.obs_mode
+        self.observation_space, self.cameras = contract_space(self.env.single_observation_space, cfg.obs_mode)
+        self.action_space = self.env.single_action_space
+        self._instructions = instructions
+        self._returns = torch.zeros(self.num_envs, device=self.device)
+        self._lengths = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
+
+    def _obs(self, obs: Any) -> dict[str, Any]:
+        from mani_skill.utils import common
+
+        if self.obs_mode == "state":
+            return {"state": obs.float()}
+        out = {"state": obs["state"].float()} if self.obs_mode == "state+rgb" else {
+            "state": common.flatten_state_dict({k: obs[k] for k in ("agent", "extra") if k in obs}, use_torch=True, device=self.device).float()
+        }
+        for cam, key in self.cameras.items():
+            out[key] = obs["sensor_data"][cam]["rgb"][..., :3]
+        return out
+
+    def reset(self, seed: int | None = None) -> dict[str, Any]:
+        obs, _ = self.env.reset(seed=None if seed is None else [seed + i for i in range(self.num_envs)])
+        self._returns.zero_()
+        self._lengths.zero_()
+        return self._obs(obs)
+
+    def step(self, actions: Any) -> StepResult:
+        import torch
+
+        actions = torch.as_tensor(actions, device=self.device)
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        reward = reward.float()
+        self._returns += reward
+        self._lengths += 1
+        done = (terminated | truncated).bool()
+        n = self.num_envs
+        any_done = bool(done.any())
+        # after an auto-reset, info is the reset's; the step's own info is final_info
+        success = (info["final_info"] if any_done else info).get("success")
+        episodes = EpisodeStats(np.zeros(n, bool), np.zeros(n, np.float32), np.zeros(n, np.int64), None if success is None else np.zeros(n, bool))
+        final_obs = None
+        if any_done:
+            rows = to_numpy(done)
+            episodes.done[:] = rows
+            episodes.episode_return[:] = to_numpy(self._returns)
+            episodes.length[:] = to_numpy(self._lengths)
+            if success is not None:
+                episodes.success[:] = to_numpy(success).astype(bool)
+            final_obs = self._obs(info["final_observation"])
+            self._returns[done] = 0.0
+            self._lengths[done] = 0
+        return StepResult(
+            obs=self._obs(obs),
+            reward=reward,
+            terminated=terminated.bool(),
+            truncated=truncated.bool(),
+            final_obs=final_obs,
+            episodes=episodes,
+            info={} if success is None else {"success": success.bool()},
+        )
+
+    @property
+    def instructions(self) -> list[str] | None:
+        return self._instructions
+
+    def render(self) -> np.ndarray | None:
+        frames = self.env.render()
+        return None if frames is None else to_numpy(frames)[..., :3].astype(np.uint8)
+
+    def close(self) -> None:
+        self.env.close()
