@@ -1,3 +1,4 @@
 """Built-in models; importing this package registers them."""
 
 from policies.models import mlp  # noqa: F401
+from policies.models import cnn  # noqa: F401
