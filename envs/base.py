@@ -47,10 +47,12 @@ class EpisodeStats:
     def finished(self) -> list[dict[str, float]]:
         """One dict per finished episode: ``{"return", "length", "success"?}``."""
         rows = []
-        for i in np.flatnonzero(self.done):
-            row = {"return": float(self.episode_return[i]), "length": int(self.length[i])}
-            if self.success is not None:
-                row["success"] = float(self.success[i])
+        done, returns, lengths = to_numpy(self.done), to_numpy(self.episode_return), to_numpy(self.length)
+        success = None if self.success is None else to_numpy(self.success)
+        for i in np.flatnonzero(done):
+            row = {"return": float(returns[i]), "length": int(lengths[i])}
+            if success is not None:
+                row["success"] = float(success[i])
             rows.append(row)
         return rows
 

@@ -80,8 +80,8 @@ class WorkersConfig:
     """CPUs reserved for the trainer."""
     torch_threads: int = 1
     """torch intra-op threads in env and rollout workers (the trainer uses ``actor_threads``)."""
-    actor_threads: int = 0
-    """torch threads of the trainer; 0 uses all cores of the machine."""
+    actor_threads: int = 1
+    """torch threads of the trainer (small MLPs train fastest on one thread; raise it for big models)."""
 
 
 @dataclass

@@ -30,6 +30,7 @@ from pipelines.rundir import RunDir
 from pipelines.workers import ActorWorker, BlockRoute, EnvWorker, RolloutWorker, resolve_device
 from policies.registry import build_policy
 
+RETURN_WINDOW = 20
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LP_NUM_THREADS")
 
 
@@ -43,7 +44,9 @@ class EmbodiedPPO:
         self.iteration = 0
         self.env_steps = 0
         self.wall_s_before = 0.0
-        self.recent: deque[dict[str, float]] = deque(maxlen=100)
+        # train/* episode metrics average the last RETURN_WINDOW finished episodes: the episodes that
+        # finish inside one iteration alone are biased towards short ones.
+        self.recent: deque[dict[str, float]] = deque(maxlen=RETURN_WINDOW)
 
     # --- setup -----------------------------------------------------------------------------------
     def _build(self, cluster: Cluster) -> None:
@@ -60,7 +63,9 @@ class EmbodiedPPO:
         )
         self.actor = WorkerGroup(
             cluster, ActorWorker, 1, cfg, self.obs_space, self.action_space, name="actor",
-            resources=RankResources(w.actor_cpus, 1.0 if cfg.device.startswith("cuda") else 0.0),
+            resources=RankResources(
+                w.actor_cpus, 1.0 if cfg.device.startswith("cuda") else 0.0, {k: str(w.actor_threads) for k in THREAD_ENV}
+            ),
         )
         self.obs_channel = Channel("observations", self.rollout)
         self.action_channel = Channel("actions", self.env, route=BlockRoute(self.num_chunks))
@@ -113,7 +118,7 @@ class EmbodiedPPO:
         return metrics
 
     def _episode_metrics(self, episodes: list[dict[str, float]]) -> dict[str, Any]:
-        window = episodes if episodes else list(self.recent)
+        window = list(self.recent)
         out: dict[str, Any] = {"train/episodes": len(episodes)}
         if window:
             out["train/episode_return"] = float(np.mean([e["return"] for e in window]))

@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from embodied.rl import gae, normalize_advantages, ppo_loss, should_stop_early
 from embodied.runtime import Channel, Worker
 from embodied.seeding import seed_everything
 from envs.base import Obs, to_numpy
 from envs.registry import make_vec_env
 from pipelines.config import TrainConfig
+from pipelines.ppo import ppo_update
 from policies.registry import build_policy
 
 OBS_KEY = "obs"
@@ -251,8 +251,7 @@ class ActorWorker(Worker):
     """Holds the trainable policy and its optimizer; runs PPO on the collected trajectories."""
 
     def __init__(self, cfg: TrainConfig, observation_space: Any, action_space: Any) -> None:
-        threads = cfg.workers.actor_threads or (torch.get_num_threads())
-        torch.set_num_threads(threads)
+        torch.set_num_threads(cfg.workers.actor_threads)
         seed_everything(cfg.seed)
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
@@ -288,79 +287,7 @@ class ActorWorker(Worker):
             )
         t0 = time.perf_counter()
         data = concat_batches([{k: v for k, v in b.items() if k != "version"} for b in batches])
-        stats = self._update(data, lr)
+        stats = ppo_update(self.policy, self.optimizer, data, self.cfg.algo, lr, self.device)
         self.version += 1
         stats["time/train_s"] = time.perf_counter() - t0
         return stats
-
-    def _update(self, data: dict[str, Any], lr: float) -> dict[str, float]:
-        algo, dev = self.cfg.algo, self.device
-        tens = lambda x: torch.as_tensor(np.asarray(x), device=dev)  # noqa: E731
-        obs = {k: tens(v) for k, v in data["obs"].items()}  # (T, B, ...)
-        T, B = data["rewards"].shape
-        advantages, returns = gae(
-            tens(data["rewards"]).float(),
-            tens(data["values"]).float(),
-            tens(data["terminated"]),
-            tens(data["truncated"]),
-            tens(data["final_values"]).float(),
-            tens(data["last_values"]).float(),
-            gamma=algo.gamma,
-            lam=algo.gae_lambda,
-        )
-        flat = lambda x: x.reshape(T * B, *x.shape[2:])  # noqa: E731
-        obs = {k: flat(v) for k, v in obs.items()}
-        self.policy.update_normalizer(obs)
-        actions, old_logprobs, old_values = flat(tens(data["actions"])), flat(tens(data["logprobs"])), flat(tens(data["values"]))
-        advantages, returns = flat(advantages), flat(returns)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        n = T * B
-        mb = max(1, n // algo.num_minibatches)
-        sums: dict[str, float] = {}
-        count = 0
-        stop = False
-        epochs_run = 0
-        for _ in range(algo.epochs):
-            perm = torch.randperm(n, device=dev)
-            for start in range(0, n, mb):
-                idx = perm[start : start + mb]
-                ev = self.policy.evaluate({k: v[idx] for k, v in obs.items()}, actions[idx])
-                adv = advantages[idx]
-                if algo.norm_adv and len(idx) > 1:
-                    adv = normalize_advantages(adv)
-                loss, stats = ppo_loss(
-                    ev.logprobs,
-                    old_logprobs[idx],
-                    adv,
-                    new_values=ev.values,
-                    old_values=old_values[idx],
-                    returns=returns[idx],
-                    entropy=ev.entropy,
-                    clip_ratio=algo.clip_ratio,
-                    dual_clip=algo.dual_clip,
-                    value_clip=algo.value_clip,
-                    vf_coef=algo.vf_coef,
-                    ent_coef=algo.ent_coef,
-                )
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), algo.max_grad_norm)
-                self.optimizer.step()
-                for k, v in stats.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
-                sums["losses/grad_norm"] = sums.get("losses/grad_norm", 0.0) + float(grad_norm)
-                count += 1
-                if should_stop_early(stats["losses/approx_kl"], algo.target_kl):
-                    stop = True
-                    break
-            epochs_run += 1
-            if stop:
-                break
-        out = {k: v / max(count, 1) for k, v in sums.items()}
-        y, yhat = returns, old_values
-        var_y = torch.var(y)
-        out["losses/explained_variance"] = float(1 - torch.var(y - yhat) / var_y) if var_y > 0 else float("nan")
-        out["losses/epochs"] = float(epochs_run)
-        out["charts/lr"] = lr
-        return out

@@ -1,0 +1,140 @@
+"""End to end through the `embodied` CLI: real Ray workers, real envs, real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def embodied(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def summary(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.learning
+def test_cartpole_ppo_learns_through_the_ray_pipeline(tmp_path):
+    run = tmp_path / "cartpole"
+    result = embodied("train", "cartpole_ppo", f"run.dir={run}", "seed=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    s = summary(run)
+    assert s["train/episode_return"] >= 450, s
+    assert s["eval/episode_return"] >= 450, s
+    # what a run leaves
+    assert (run / "config.yaml").is_file()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for key in ("iteration", "env_steps", "wall_s", "train/episode_return", "perf/env_steps_per_s"):
+        assert key in rows[-1], key
+    for key in ("env_steps", "wall_s", "train/episode_return", "eval/episode_return", "eval/success_rate"):
+        assert key in s, key
+    assert s["eval/success_rate"] is None  # CartPole has no success signal
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((run / "wandb").glob("offline-run-*"))
+    assert (run / "checkpoints" / "latest").is_file()
+    assert "[train]" in result.stdout  # plain progress lines when stdout is not a terminal
+
+
+@pytest.mark.slow
+@pytest.mark.learning
+def test_gym_ppo_learns_a_continuous_env_defined_in_a_test_file(tmp_path):
+    run = tmp_path / "reach"
+    result = embodied(
+        "train", "gym_ppo", "env.id=tests.pipelines.reach_env:Reach1D", f"run.dir={run}",
+        "algo.total_env_steps=40000", "algo.rollout_steps=80", "env.num_envs=8", "logging.wandb=false",
+        "eval.episodes=16",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    s = summary(run)
+    # random: about -25; learned: close to the target quickly
+    assert s["eval/episode_return"] > -10, s
+    assert s["eval/success_rate"] is not None
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("runs") / "short"
+    result = embodied(
+        "train", "cartpole_ppo", f"run.dir={run}", "algo.total_env_steps=2048", "env.num_envs=4",
+        "algo.rollout_steps=128", "logging.wandb=false", "run.checkpoint_every=1", "eval.episodes=2",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run
+
+
+def test_resume_continues_from_the_latest_checkpoint(short_run, tmp_path):
+    before = [json.loads(x) for x in (short_run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in before] == [1, 2, 3, 4]
+    result = embodied("train", f"resume={short_run}", "algo.total_env_steps=3072")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resumed from" in result.stdout
+    rows = [json.loads(x) for x in (short_run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert rows[-1]["env_steps"] == 3072
+    assert rows[-1]["weights/version"] == 5  # weights continued, not restarted
+    assert yaml.safe_load((short_run / "config.yaml").read_text())["algo"]["total_env_steps"] == 3072
+
+
+def test_eval_reports_return_of_a_run(short_run):
+    result = embodied("eval", str(short_run), "episodes=3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout[result.stdout.index("{"):])
+    assert out["eval/episodes"] == 3 and out["eval/episode_return"] > 0
+
+
+def _snapshot(run: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["train", "cartpole_ppo", "algo.lrr=1"], "Unknown config key 'algo.lrr'. Did you mean 'algo.lr'"),
+        (["train", "cartpole_ppo", "algo.epochs=many"], "Config key 'algo.epochs' expects int, got 'many'"),
+        (["train", "cartpole_pp"], "Unknown recipe 'cartpole_pp'. Did you mean 'cartpole_ppo'"),
+        (["train", "cartpole_ppo", "env.id=CartPol-v1"], "Unknown env id 'CartPol-v1'"),
+        (["eval", "/nonexistent/run"], "No run or checkpoint at '/nonexistent/run'"),
+        (["train", "resume=/nonexistent/run"], "No run or checkpoint at '/nonexistent/run'"),
+    ],
+)
+def test_bad_input_is_one_paragraph_exit_2_and_writes_nothing(short_run, args, needle):
+    before = _snapshot(short_run)
+    args = [a.replace("RUN", str(short_run)) for a in args]
+    result = embodied(*args, f"run.dir={short_run}") if args[0] == "train" and "resume" not in args[-1] else embodied(*args)
+    assert result.returncode == 2, result.stderr
+    assert needle in result.stderr.replace("\n", " ")
+    assert "Traceback" not in result.stderr
+    assert _snapshot(short_run) == before
+
+
+def test_bad_override_on_resume_writes_nothing(short_run):
+    before = _snapshot(short_run)
+    result = embodied("train", f"resume={short_run}", "algo.lrr=1")
+    assert result.returncode == 2 and "algo.lrr" in result.stderr
+    assert _snapshot(short_run) == before
+
+
+def test_existing_run_dir_is_not_overwritten(short_run):
+    before = _snapshot(short_run)
+    result = embodied("train", "cartpole_ppo", f"run.dir={short_run}")
+    assert result.returncode == 2 and "already exists" in result.stderr
+    assert _snapshot(short_run) == before
+
+
+def test_recipes_lists_bundled_recipes():
+    result = embodied("recipes")
+    assert result.returncode == 0
+    assert "cartpole_ppo" in result.stdout and "halfcheetah_ppo" in result.stdout and "gym_ppo" in result.stdout
