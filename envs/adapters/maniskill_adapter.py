@@ -26,6 +26,10 @@ Language (``instructions``): ManiSkill tasks have no language instruction; each 
 fixed sentence, from :data:`INSTRUCTIONS` for the common tasks, else derived from the task
 class's "Task Description" docstring, else "complete the <task name> task".
 
+Determinism: envs are made with ``enhanced_determinism=True``, so an auto-reset draws the next
+episode from the env's own RNG (seeded by ``reset(seed)``) rather than from the process-global
+torch RNG: the same seeds give the same episodes whatever ``num_procs`` is.
+
 Assets: tasks that need downloaded assets (YCB objects, PartNet-Mobility, scene datasets, some
 robots) raise a :class:`UserError` that names the asset set and how to provide it. ManiSkill's
 interactive download prompt is never shown (unattended it would be an ``EOFError`` or a hang).
@@ -75,6 +79,8 @@ INSTRUCTIONS = {
     "TurnFaucet-v1": "turn the faucet handle",
     "OpenCabinetDrawer-v1": "open the cabinet drawer",
     "OpenCabinetDoor-v1": "open the cabinet door",
+    "DrawTriangle-v1": "draw the outlined triangle on the canvas",
+    "DrawSVG-v1": "draw along the outlined path on the canvas",
 }
 
 _PRIORITY = 20  # before the generic gymnasium adapter (100): ManiSkill ids are gymnasium ids too
@@ -154,7 +160,8 @@ def _no_download_prompt() -> Iterator[None]:
     from mani_skill.utils import download_asset
 
     def refuse(message: str) -> bool:
-        raise UserError(_asset_help(f"ManiSkill needs assets that are not downloaded: {message.strip()}"))
+        message = message.replace("Would you like to download them now?", "").strip()
+        raise UserError(_asset_help(f"ManiSkill needs assets that are not downloaded: {message}"))
 
     original = download_asset.prompt_yes_no
     download_asset.prompt_yes_no = refuse
@@ -188,6 +195,9 @@ def _maniskill_kwargs(cfg: EnvConfig, sim_backend: str, num_envs: int) -> dict[s
     if sim_backend == "physx_cpu":
         kwargs.setdefault("render_backend", "cpu")
     kwargs.setdefault("render_mode", "rgb_array")  # VecEnv.render() for videos; costs only when called
+    # Unseeded (auto-)resets then draw from each env's own seeded RNG instead of the process's
+    # global torch RNG: episodes are reproducible and do not depend on how envs share processes.
+    kwargs.setdefault("enhanced_determinism", True)
     if cfg.obs_mode != "state":
         kwargs.setdefault("sensor_configs", {"width": cfg.image_size, "height": cfg.image_size})
     kwargs["num_envs"] = num_envs
@@ -199,9 +209,22 @@ def make_cpu_env(cfg: EnvConfig) -> gym.Env:
     maniskill_registry()
     from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
 
-    with _no_download_prompt():
-        env = gym.make(cfg.id, max_episode_steps=cfg.max_episode_steps, **_maniskill_kwargs(cfg, "physx_cpu", 1))
+    env = _make_maniskill(cfg, "physx_cpu", 1)
     return ContractObservation(CPUGymWrapper(env), cfg.obs_mode)
+
+
+def _make_maniskill(cfg: EnvConfig, sim_backend: str, num_envs: int) -> gym.Env:
+    """``gym.make`` of the task; missing assets (declared or not) become a UserError."""
+    import mani_skill
+
+    try:
+        with _no_download_prompt():
+            return gym.make(cfg.id, max_episode_steps=cfg.max_episode_steps, **_maniskill_kwargs(cfg, sim_backend, num_envs))
+    except (FileNotFoundError, RuntimeError) as err:
+        # Datasets some tasks load without declaring them (PartNet-Mobility, ReplicaCAD scenes).
+        if str(mani_skill.ASSET_DIR) in str(err) or "download_asset" in str(err):
+            raise UserError(_asset_help(f"ManiSkill task {cfg.id!r} needs assets that are not here ({err}).")) from None
+        raise
 
 
 def _leaves(space_or_obs: Any) -> Iterator[Any]:
@@ -310,8 +333,7 @@ class ManiSkillGPUVecEnv(VecEnv):
         from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
         self.num_envs = cfg.num_envs
-        with _no_download_prompt():
-            env = gym.make(cfg.id, max_episode_steps=cfg.max_episode_steps, **_maniskill_kwargs(cfg, "physx_cuda", cfg.num_envs))
+        env = _make_maniskill(cfg, "physx_cuda", cfg.num_envs)
         self.env = ManiSkillVectorEnv(env, cfg.num_envs, auto_reset=True, ignore_terminations=False, record_metrics=False)
         self.device = str(self.env.device)
         self.obs_mode = cfg.obs_mode

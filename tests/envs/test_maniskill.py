@@ -1,0 +1,211 @@
+"""The ManiSkill adapter on the real simulator (CPU backend, Vulkan through lavapipe).
+
+The reference is raw ManiSkill: single envs made with ``gym.make`` + ``CPUGymWrapper`` and stepped
+by hand in this process (seeded reset, auto-reset by hand after a done). The adapter's
+multiprocess backend must reproduce it exactly: observations (state and camera pixels), rewards,
+terminated/truncated, final observations, the first observation of the next episode, success.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from embodied.errors import UserError
+from envs.config import EnvConfig
+from envs.multiprocess import MultiprocessVecEnv
+from envs.registry import make_vec_env, resolve_adapter
+
+pytest.importorskip("mani_skill", reason="ManiSkill is not installed (pip install 'embodied[maniskill]')")
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def raw_env(obs_mode: str, max_steps: int, image_size: int = 32) -> gym.Env:
+    """A raw ManiSkill single env, as a user would make it by hand (with the adapter's documented
+    ``enhanced_determinism``: unseeded resets draw from the env's own RNG, not torch's global one)."""
+    from envs.vulkan import ensure_vulkan_env
+
+    ensure_vulkan_env()
+    import mani_skill.envs  # noqa: F401
+    from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
+
+    kwargs = {"sensor_configs": {"width": image_size, "height": image_size}} if obs_mode != "state" else {}
+    env = gym.make(
+        "PushCube-v1", num_envs=1, obs_mode=obs_mode, sim_backend="physx_cpu", render_backend="cpu",
+        max_episode_steps=max_steps, enhanced_determinism=True, **kwargs,
+    )
+    return CPUGymWrapper(env)
+
+
+def raw_contract_obs(obs, obs_mode: str) -> dict[str, np.ndarray]:
+    """What the contract promises for a raw ManiSkill observation (written out by hand)."""
+    if obs_mode == "state":
+        return {"state": obs.astype(np.float32)}
+    rgb = obs["sensor_data"]["base_camera"]["rgb"]
+    if obs_mode == "state+rgb":
+        return {"state": obs["state"].astype(np.float32), "rgb": rgb}
+    agent, extra = obs["agent"], obs["extra"]
+    state = np.concatenate(
+        [np.asarray(v, np.float32).reshape(-1) for v in (*agent.values(), *extra.values())]
+    )
+    return {"state": state, "rgb": rgb}
+
+
+def check_against_raw(obs_mode: str, num_envs: int, num_procs: int, max_steps: int, chunks: list[int], seed: int = 11):
+    cfg = EnvConfig(
+        id="PushCube-v1", num_envs=num_envs, num_procs=num_procs, backend="multiprocess",
+        obs_mode=obs_mode, image_size=32, max_episode_steps=max_steps,
+    )
+    raws = [raw_env(obs_mode, max_steps) for _ in range(num_envs)]
+    env = make_vec_env(cfg)
+    try:
+        assert isinstance(env, MultiprocessVecEnv) and env.num_procs == num_procs
+        assert env.instructions == ["push the cube to the red and white target region"] * num_envs
+        obs = env.reset(seed=seed)
+        raw_obs = [raw_contract_obs(raws[i].reset(seed=seed + i)[0], obs_mode) for i in range(num_envs)]
+        for k in obs:
+            np.testing.assert_array_equal(obs[k], np.stack([o[k] for o in raw_obs]), err_msg=f"reset {k}")
+        rng = np.random.default_rng(0)
+        finished = 0
+        for chunk in chunks:
+            actions = rng.uniform(-1, 1, (num_envs, chunk, 8)).astype(np.float32)
+            result = env.chunk_step(actions) if chunk > 1 else env.step(actions[:, 0])
+            rewards = result.rewards if chunk > 1 else result.reward[:, None]
+            terminated = result.terminated if chunk > 1 else result.terminated[:, None]
+            truncated = result.truncated if chunk > 1 else result.truncated[:, None]
+            for i in range(num_envs):
+                for j in range(chunk):
+                    o, r, term, trunc, info = raws[i].step(actions[i, j])
+                    assert rewards[i, j] == np.float32(r), (i, j)
+                    assert (terminated[i, j], truncated[i, j]) == (bool(term), bool(trunc)), (i, j)
+                    if term or trunc:  # the episode ended: final obs, then the next episode's first obs
+                        finished += 1
+                        assert result.episodes.done[i] and result.final_obs is not None
+                        for k, v in raw_contract_obs(o, obs_mode).items():
+                            np.testing.assert_array_equal(result.final_obs[k][i], v, err_msg=f"final_obs {k}")
+                        assert result.episodes.success[i] == bool(info["success"])
+                        o, _ = raws[i].reset()
+                        break  # chunk_step skips the rest of the chunk for this env
+                for k, v in raw_contract_obs(o, obs_mode).items():
+                    np.testing.assert_array_equal(result.obs[k][i], v, err_msg=f"obs {k} env {i}")
+                assert result.info["success"][i] == bool(info["success"])
+        assert finished >= num_envs  # every env went through at least one auto-reset
+    finally:
+        env.close()
+        for raw in raws:
+            raw.close()
+
+
+@pytest.mark.slow
+def test_push_cube_state_multiprocess_matches_raw_maniskill(vulkan):
+    # episodes of 5 steps, chunks of 3: episodes end mid-chunk and at chunk borders
+    check_against_raw("state", num_envs=3, num_procs=2, max_steps=5, chunks=[1, 3, 3, 1, 3, 2])
+
+
+@pytest.mark.slow
+def test_push_cube_rgb_multiprocess_matches_raw_maniskill(vulkan):
+    check_against_raw("rgb", num_envs=2, num_procs=2, max_steps=3, chunks=[2, 2, 1])
+
+
+@pytest.mark.slow
+def test_push_cube_state_plus_rgb_spaces(vulkan):
+    cfg = EnvConfig(id="PushCube-v1", num_envs=2, num_procs=1, backend="multiprocess", obs_mode="state+rgb", image_size=24)
+    with make_vec_env(cfg) as env:
+        assert env.observation_space["rgb"].shape == (24, 24, 3)
+        assert env.observation_space["state"].shape == (35,)  # the privileged state, as in obs_mode=state
+        obs = env.reset(seed=0)
+        assert obs["rgb"].shape == (2, 24, 24, 3) and obs["rgb"].dtype == np.uint8
+        assert obs["state"].shape == (2, 35) and obs["state"].dtype == np.float32
+        assert obs["rgb"].std() > 0  # a real picture, not a blank frame
+        frames = env.render()
+        assert frames.ndim == 4 and frames.shape[0] == 2 and frames.dtype == np.uint8
+
+
+def test_ids_are_claimed_by_the_right_adapter():
+    assert resolve_adapter(EnvConfig(id="PushCube-v1")) == "maniskill"
+    assert resolve_adapter(EnvConfig(id="HalfCheetah-v5")) == "gymnasium"
+
+
+def test_claiming_a_gymnasium_id_does_not_import_maniskill():
+    code = (
+        "import sys; from envs.config import EnvConfig; from envs.registry import resolve_adapter; "
+        "assert resolve_adapter(EnvConfig(id='CartPole-v1')) == 'gymnasium'; "
+        "assert 'mani_skill' not in sys.modules, 'claims imported ManiSkill'"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
+
+
+def test_unknown_task_is_a_user_error_with_close_matches():
+    with pytest.raises(UserError, match="Unknown ManiSkill task 'PushCub-v1'.*Did you mean 'PushCube-v1'"):
+        make_vec_env(EnvConfig(id="PushCub-v1", adapter="maniskill"))
+
+
+def test_task_with_missing_assets_is_a_user_error():
+    from envs.adapters.maniskill_adapter import missing_assets
+
+    if not missing_assets("PickSingleYCB-v1"):
+        pytest.skip("the YCB assets are downloaded on this machine")
+    with pytest.raises(UserError, match=r"(?s)PickSingleYCB-v1.*ycb.*download_asset.*MS_ASSET_DIR"):
+        make_vec_env(EnvConfig(id="PickSingleYCB-v1", num_envs=1))
+
+
+@pytest.mark.slow
+def test_undeclared_robot_assets_are_a_user_error_not_a_prompt(vulkan):
+    # AnymalC's robot files are downloaded on first use; ManiSkill would prompt on stdin.
+    import mani_skill
+
+    if os.path.exists(os.path.join(mani_skill.ASSET_DIR, "robots", "anymal_c")):
+        pytest.skip("the AnymalC robot assets are downloaded on this machine")
+    cfg = EnvConfig(id="AnymalC-Reach-v1", num_envs=1, num_procs=1, backend="multiprocess")
+    with pytest.raises(UserError, match=r"(?s)anymal_c.*download_asset"):
+        make_vec_env(cfg)
+
+
+def test_bad_obs_mode_and_backend_are_user_errors():
+    with pytest.raises(UserError, match="obs_mode='depth'"):
+        make_vec_env(EnvConfig(id="PushCube-v1", obs_mode="depth"))
+    with pytest.raises(UserError, match="env.backend='gpu'"):
+        make_vec_env(EnvConfig(id="PushCube-v1", backend="gpu"))
+
+
+def test_instructions_for_tasks():
+    from envs.adapters.maniskill_adapter import instruction_for
+
+    assert instruction_for("PickCube-v1") == "pick up the red cube and move it to the goal position"
+    # from the task's docstring ("A simple task where the objective is to ...")
+    assert instruction_for("SO100GraspCube-v1").startswith("grasp a cube with the SO100 arm")
+    assert instruction_for("Empty-v1") == "complete the empty task"
+
+
+def test_camera_keys():
+    from envs.adapters.maniskill_adapter import camera_keys
+
+    assert camera_keys(["base_camera", "hand_camera"]) == {"base_camera": "rgb", "hand_camera": "rgb/hand_camera"}
+
+
+@pytest.mark.gpu
+def test_gpu_batched_backend():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from envs.adapters.maniskill_adapter import ManiSkillGPUVecEnv
+
+    cfg = EnvConfig(id="PushCube-v1", num_envs=16, obs_mode="state", max_episode_steps=4)
+    env = make_vec_env(cfg)
+    try:
+        assert isinstance(env, ManiSkillGPUVecEnv) and env.device.startswith("cuda")
+        obs = env.reset(seed=0)
+        assert obs["state"].shape == (16, 35) and obs["state"].device.type == "cuda"
+        for t in range(4):
+            result = env.step(torch.zeros((16, 8), device=env.device))
+        assert result.truncated.all() and result.final_obs is not None and result.episodes.done.all()
+        chunk = env.chunk_step(torch.zeros((16, 3, 8), device=env.device))
+        assert chunk.rewards.shape == (16, 3)
+    finally:
+        env.close()
