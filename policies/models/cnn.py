@@ -91,15 +91,16 @@ class CNNActorCritic(Policy):
             raise UserError(f"policy 'cnn' supports Discrete and Box action spaces, not {action_space}.")
 
         # ModuleDict names may not contain '.', and '/' reads badly in state_dict keys.
-        self.encoders = nn.ModuleDict(
-            {_module_name(key): NatureCNN(_image_shape(observation_space[key], key), channels, feature_dim) for key in self.cameras}
-        )
+        self.encoders = nn.ModuleDict({
+            _module_name(key): NatureCNN(_image_shape(observation_space[key], key), channels, feature_dim)
+            for key in self.cameras
+        })
         self.has_state = "state" in observation_space.spaces
         self.state_dim = int(np.prod(observation_space["state"].shape)) if self.has_state else 0
         self.normalizer = RunningNorm(self.state_dim) if self.has_state and cfg.normalize_obs else None
-        self.state_encoder = (
-            nn.Sequential(_init(nn.Linear(self.state_dim, feature_dim), math.sqrt(2)), nn.ReLU()) if self.has_state else None
-        )
+        self.state_encoder = None
+        if self.has_state:
+            self.state_encoder = nn.Sequential(_init(nn.Linear(self.state_dim, feature_dim), math.sqrt(2)), nn.ReLU())
         trunk_dim = feature_dim * (len(self.cameras) + int(self.has_state))
         hidden = list(cfg.hidden_sizes)
         self.actor = mlp(trunk_dim, hidden, self.act_dim, cfg.activation, out_gain=0.01)
@@ -159,11 +160,14 @@ class CNNActorCritic(Policy):
 def _options(kwargs: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(kwargs) - set(CNN_KWARGS))
     if unknown:
-        raise UserError(f"policy.kwargs {unknown} are not understood by policy 'cnn'; allowed: {', '.join(CNN_KWARGS)}.")
+        allowed = ", ".join(CNN_KWARGS)
+        raise UserError(f"policy.kwargs {unknown} are not understood by policy 'cnn'; allowed: {allowed}.")
     options = {**CNN_KWARGS, **kwargs}
     channels = options["channels"]
-    if not isinstance(channels, (list, tuple)) or len(channels) != len(CONV_LAYOUT) or not all(int(c) > 0 for c in channels):
-        raise UserError(f"policy.kwargs.channels={channels!r} must list {len(CONV_LAYOUT)} positive widths, e.g. [32, 64, 64].")
+    if not isinstance(channels, (list, tuple)) or len(channels) != len(CONV_LAYOUT) or min(map(int, channels)) <= 0:
+        raise UserError(
+            f"policy.kwargs.channels={channels!r} must list {len(CONV_LAYOUT)} positive widths, e.g. [32, 64, 64]."
+        )
     if int(options["feature_dim"]) <= 0:
         raise UserError(f"policy.kwargs.feature_dim={options['feature_dim']!r} must be a positive integer.")
     return options

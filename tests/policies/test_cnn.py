@@ -26,7 +26,9 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
-def obs_space(size: int = 64, state_dim: int | None = None, extra_cameras: dict[str, int] | None = None) -> gym.spaces.Dict:
+def obs_space(
+    size: int = 64, state_dim: int | None = None, extra_cameras: dict[str, int] | None = None
+) -> gym.spaces.Dict:
     spaces: dict[str, gym.spaces.Space] = {"rgb": gym.spaces.Box(0, 255, (size, size, 3), np.uint8)}
     for name, cam_size in (extra_cameras or {}).items():
         spaces[f"rgb/{name}"] = gym.spaces.Box(0, 255, (cam_size, cam_size, 3), np.uint8)

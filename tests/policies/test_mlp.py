@@ -88,7 +88,8 @@ def test_deterministic_is_the_mode() -> None:
     obs = states(8)
     with torch.no_grad():
         torch.testing.assert_close(continuous.act(obs, deterministic=True).actions, continuous.actor(obs["state"]))
-        torch.testing.assert_close(discrete.act(obs, deterministic=True).actions, discrete.actor(obs["state"]).argmax(-1))
+        modes = discrete.actor(obs["state"]).argmax(-1)
+        torch.testing.assert_close(discrete.act(obs, deterministic=True).actions, modes)
         # Deterministic twice gives the same action; sampling with a large std does not.
         wide = make(BOX, init_log_std=1.0)
         torch.testing.assert_close(wide.act(obs, deterministic=True).actions, wide.act(obs, deterministic=True).actions)
