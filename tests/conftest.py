@@ -33,3 +33,17 @@ def ray_cluster():
     cluster = Cluster(ClusterConfig(backend="ray", num_cpus=4, timeout_s=120))
     yield cluster
     cluster.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tests run on 2 shared cores: oversubscribed torch threads make small ops 10-20x slower."""
+    try:
+        import torch
+    except ImportError:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
