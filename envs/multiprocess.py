@@ -128,11 +128,10 @@ class StepBuffers:
     def write(self, result: StepResult, start: int, end: int) -> dict[str, Any]:
         """Write ``result`` (rows start:end) into the block; returns what did not fit (usually {})."""
         extras: dict[str, Any] = {}
-        if set(result.obs) == set(self.obs) and all(
-            v.dtype == self.obs[k].dtype and v.shape == self.obs[k][start:end].shape for k, v in result.obs.items()
-        ):
+        rows = {k: view[start:end] for k, view in self.obs.items()}
+        if result.obs.keys() == rows.keys() and all(v.dtype == rows[k].dtype and v.shape == rows[k].shape for k, v in result.obs.items()):
             for k, v in result.obs.items():
-                self.obs[k][start:end] = v
+                rows[k][...] = v
         else:
             extras["obs"] = result.obs
         self.reward[start:end] = result.reward
@@ -152,28 +151,31 @@ class StepBuffers:
     # parent side
     def read(self, extras: Sequence[dict[str, Any]], bounds: Sequence[tuple[int, int]]) -> StepResult:
         """The StepResult of all envs from the block (copied out) and the workers' extras."""
-        obs_rows = [self._obs_rows(ex, start, end) for ex, (start, end) in zip(extras, bounds)]
-        if any("obs" in ex for ex in extras):
-            obs = concat_obs(obs_rows)
-        else:
+        has_success = False
+        plain = True  # the common step: everything is in the block, no episode ended
+        for ex in extras:
+            if ex:
+                has_success = has_success or ex.get("has_success", False)
+                plain = plain and len(ex) == 1 and "has_success" in ex
+        n = len(self.reward)
+        if plain:
             obs = {k: v.copy() for k, v in self.obs.items()}
-        has_success = any(ex.get("has_success", False) for ex in extras)
-        finals = [ex.get("final_obs") for ex in extras]
-        episodes = [ex.get("episodes") or _no_episodes(end - start, has_success) for ex, (start, end) in zip(extras, bounds)]
-        info = {}
-        if any("info" in ex for ex in extras):
-            info = _concat_info([ex.get("info", {}) for ex in extras], [end - start for start, end in bounds])
+            final_obs = None
+            episodes = _no_episodes(n, has_success)
+            info = {}
+        else:
+            obs_rows = [self._obs_rows(ex, start, end) for ex, (start, end) in zip(extras, bounds)]
+            obs = concat_obs(obs_rows) if any("obs" in ex for ex in extras) else {k: v.copy() for k, v in self.obs.items()}
+            final_obs = _concat_final([ex.get("final_obs") for ex in extras], obs_rows)
+            episodes = _concat_episodes(
+                [ex.get("episodes") or _no_episodes(end - start, has_success) for ex, (start, end) in zip(extras, bounds)]
+            )
+            info = {}
+            if any("info" in ex for ex in extras):
+                info = _concat_info([ex.get("info", {}) for ex in extras], [end - start for start, end in bounds])
         if has_success:
             info["success"] = self.success.copy()
-        return StepResult(
-            obs=obs,
-            reward=self.reward.copy(),
-            terminated=self.terminated.copy(),
-            truncated=self.truncated.copy(),
-            final_obs=_concat_final(finals, obs_rows),
-            episodes=_concat_episodes(episodes),
-            info=info,
-        )
+        return StepResult(obs, self.reward.copy(), self.terminated.copy(), self.truncated.copy(), final_obs, episodes, info)
 
     def _obs_rows(self, extra: dict[str, Any], start: int, end: int) -> Obs:
         return extra["obs"] if "obs" in extra else {k: v[start:end] for k, v in self.obs.items()}
