@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import torch
 from envs.base import to_numpy
 from envs.config import EnvConfig
 from envs.registry import make_vec_env
+from envs.video import VideoRecorder, frames_of
 from policies.base import Policy
 
 
@@ -38,7 +40,7 @@ def evaluate_policy(
     try:
         obs = env.reset(seed=seed)
         if video_dir is not None:
-            recorder = _make_recorder(env, Path(video_dir))
+            recorder = VideoRecorder(video_dir, name="eval", max_envs=min(n, 16))
         done_count = np.zeros(n, int)
         rows: list[dict[str, float]] = []
         low = getattr(env.action_space, "low", None)
@@ -48,9 +50,13 @@ def evaluate_policy(
             actions = out.actions.cpu().numpy()
             if low is not None:
                 actions = np.clip(actions, env.action_space.low, env.action_space.high)
+            frames = _frames(env, obs) if recorder is not None else None
             res = env.step(actions)
-            if recorder is not None:
-                recorder.add(env, res, done_count < quota)
+            if frames is not None:
+                recorder.add_step(frames, res)
+            elif recorder is not None:  # the env cannot render: evaluate without a video
+                recorder.close()
+                recorder = None
             for i in np.flatnonzero(to_numpy(res.episodes.done)):
                 if done_count[i] < quota[i]:
                     rows.extend(r for r in _episode_row(res.episodes, i))
@@ -78,10 +84,10 @@ def _episode_row(stats, i: int) -> list[dict[str, float]]:
     return [row]
 
 
-def _make_recorder(env, video_dir: Path):
-    """A video recorder of the eval envs, or None when the env cannot render."""
+def _frames(env, obs) -> np.ndarray | None:
+    """The frames to record for this step, or None (with a warning) when the env cannot render."""
     try:
-        from envs.video import EvalVideoRecorder
-    except ImportError:
+        return frames_of(env, obs)
+    except Exception as err:  # a missing renderer must not cost the user the evaluation
+        warnings.warn(f"no evaluation video: {err}", stacklevel=2)
         return None
-    return EvalVideoRecorder.for_env(env, video_dir)
