@@ -87,6 +87,9 @@ class Profile:
     """Fixed seconds per message between components on different devices."""
     transfer_s_per_mib: float = 0.0
     """Seconds per MiB of such a message."""
+    cross_process_messages: bool = False
+    """Every component runs in processes of its own, so a message between two components pays the
+    transfer cost even when they share their devices (only messages within a component are free)."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Free-form provenance (host, probe batch sizes, ...); ignored by the planner."""
 
@@ -112,6 +115,7 @@ class Profile:
             "components": {name: c.to_dict() for name, c in sorted(self.components.items())},
             "transfer_latency_s": self.transfer_latency_s,
             "transfer_s_per_mib": self.transfer_s_per_mib,
+            "cross_process_messages": self.cross_process_messages,
             "meta": dict(self.meta),
         }
 
@@ -123,6 +127,7 @@ class Profile:
             components=components,
             transfer_latency_s=float(data.get("transfer_latency_s", 0.0)),
             transfer_s_per_mib=float(data.get("transfer_s_per_mib", 0.0)),
+            cross_process_messages=bool(data.get("cross_process_messages", False)),
             meta=dict(data.get("meta", {})),
         )
 

@@ -49,6 +49,8 @@ def task_graph(plan: Plan, profile: Profile, workflow: Workflow, resources: Reso
 def schedule(tasks: list[Task], profile: Profile) -> dict[str, tuple[float, float]]:
     """Task name -> (start_s, end_s) under the rules of this module."""
     devices_of = {t.name: t.devices for t in tasks}
+    component_of = {t.name: t.component for t in tasks}
+    cross_process = profile.cross_process_messages
     if len(devices_of) != len(tasks):
         raise ValueError("task names must be unique")
     latency_s, s_per_mib = profile.transfer_latency_s, profile.transfer_s_per_mib
@@ -61,7 +63,7 @@ def schedule(tasks: list[Task], profile: Profile) -> dict[str, tuple[float, floa
             if dep.task not in times:
                 raise AssertionError(f"task {task.name!r} is ordered before its input {dep.task!r}")
             arrive_s = times[dep.task][1]
-            if devices_of[dep.task] != devices:
+            if devices_of[dep.task] != devices or (cross_process and component_of[dep.task] != task.component):
                 arrive_s += latency_s + dep.size_mib * s_per_mib
             if arrive_s > ready_s:
                 ready_s = arrive_s

@@ -139,7 +139,7 @@ def _weight_sync(plan: Plan, profile: Profile, after: str, phase: int, target: s
     """The weight sync actor -> ``target`` as a task on the target's devices (omitted if it is free)."""
     devices = plan.placement[target]
     local_s = profile[WEIGHT_SYNC].cost.time_s(1, len(devices)) if WEIGHT_SYNC in profile.components else 0.0
-    crosses = plan.placement["actor"] != devices
+    crosses = plan.placement["actor"] != devices or profile.cross_process_messages
     if local_s == 0.0 and not (crosses and profile.message_s(profile[target].weights_mib) > 0):
         return []
     dep = Dep(after, profile[target].weights_mib)

@@ -260,3 +260,22 @@ def test_switchable_components_only_share_devices_across_phases():
     phases = Workflow.embodied(num_envs=2, rollout_steps=1).spec.phases
     assert switchable_components({"env": (0,), "rollout": (1,), "actor": (0, 1)}, phases) == ("env", "rollout", "actor")
     assert switchable_components({"env": (0,), "rollout": (0,), "actor": (1,)}, phases) == ()
+
+
+def test_cross_process_messages_pay_latency_between_colocated_components():
+    # Colocated on one device, 1 chunk, T=1, latency 0.1 s, no sizes.
+    # Without cross-process messages: rollout [0,1], env [1,2], rollout [2,3], actor [3,3.5] (+ free sync).
+    # With them: every message between two components costs 0.1 s:
+    #   rollout [0,1]; actions -> env [1.1,2.1]; obs -> rollout [2.2,3.2]; trajectories -> actor [3.3,3.8];
+    #   weights -> the sync (no local cost) at 3.9.
+    base = profile(component("env", per_item_s=0.25), component("rollout", per_item_s=0.25),
+                   component("actor", fixed_s=0.5), latency_s=0.1)
+    plan = _plan("colocated", {"env": (0,), "rollout": (0,), "actor": (0,)}, 1)
+    workflow, resources = Workflow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(1, 8.0)
+    assert simulate(plan, base, workflow, resources).makespan_s == pytest.approx(3.5)
+    cross = type(base).from_dict({**base.to_dict(), "cross_process_messages": True})
+    timeline = simulate(plan, cross, workflow, resources)
+    times = _times(timeline)
+    assert times["env t0 c0"] == pytest.approx((1.1, 2.1))
+    assert times["actor epoch 0"] == pytest.approx((3.3, 3.8))
+    assert timeline.makespan_s == pytest.approx(3.9)
