@@ -50,8 +50,9 @@ from envs.base import Array, ChunkStepResult, EpisodeStats, Obs, StepResult, Vec
 
 EnvFn = Callable[[], gym.Env]
 
-#: Env vars that stop one worker from spawning a thread per core (2 cores shared by N workers).
-SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "LP_NUM_THREADS": "1"}
+#: Env vars that size the thread pools of torch/OpenMP/BLAS and of Mesa's llvmpipe/lavapipe in a
+#: worker: without them every worker starts a thread per core and N workers oversubscribe the cores.
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LP_NUM_THREADS")
 
 #: How often a wait for a reply checks that the worker is still alive (a reply ends the wait at once).
 _LIVENESS_SLICE_MS = 500
@@ -198,16 +199,16 @@ def _no_episodes(n: int, has_success: bool) -> EpisodeStats:
 # --- worker side ---------------------------------------------------------------------------------
 
 
-def _worker_main(index: int, conn: Connection, payload: bytes, env_vars: dict[str, str]) -> None:
+def _worker_main(index: int, conn: Connection, payload: bytes, env_vars: dict[str, str], threads: int) -> None:
     """Entry point of worker ``index``: build a SerialVecEnv over its shard, then serve commands."""
     # Ctrl-C reaches the whole process group; the parent handles it and closes us cleanly.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Before any simulator (or torch) import: the parent's environment (a forkserver started
-    # earlier may hold an older one), then one thread per worker unless the user chose otherwise.
+    # earlier may hold an older one), then the worker's thread budget.
     os.environ.update(env_vars)
-    for key, value in SINGLE_THREAD_ENV.items():
-        os.environ.setdefault(key, value)
-    _limit_torch_threads()
+    for key in THREAD_ENV_VARS:
+        os.environ[key] = str(threads)
+    _limit_torch_threads(threads)
     venv = None
     buffers: StepBuffers | None = None
     rows = (0, 0)
@@ -216,7 +217,7 @@ def _worker_main(index: int, conn: Connection, payload: bytes, env_vars: dict[st
         from envs.serial import SerialVecEnv
 
         venv = SerialVecEnv(env_fns, instructions)
-        _limit_torch_threads()  # the simulator may have imported torch just now
+        _limit_torch_threads(threads)  # the simulator may have imported torch just now
         conn.send(("ok", (venv.observation_space, venv.action_space)))
         while True:
             try:
@@ -279,10 +280,12 @@ def _run_command(venv: Any, command: str, arg: Any) -> Any:
     raise ValueError(f"unknown env worker command {command!r}")
 
 
-def _limit_torch_threads() -> None:
+def _limit_torch_threads(threads: int) -> None:
     torch = sys.modules.get("torch")
-    if torch is not None and torch.get_num_threads() != 1:
-        torch.set_num_threads(1)
+    if torch is None:  # not imported (yet): it will read OMP_NUM_THREADS when it is
+        return
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 def _describe(err: BaseException) -> tuple[bool, str, str]:
@@ -317,6 +320,8 @@ class MultiprocessVecEnv(VecEnv):
                   worker then raises :class:`EnvWorkerError`.
     start_timeout_s: longest wait for the workers to build their envs.
     shared_memory: pass ``step`` batches through shared memory (False: everything pickled).
+    threads_per_worker: size of each worker's thread pools (torch, OpenMP, BLAS, llvmpipe); set
+                  before the simulator is imported. 1 keeps N workers on N cores from oversubscribing.
     """
 
     def __init__(
@@ -328,6 +333,7 @@ class MultiprocessVecEnv(VecEnv):
         timeout_s: float | None = None,
         start_timeout_s: float | None = 600.0,
         shared_memory: bool = True,
+        threads_per_worker: int = 1,
     ) -> None:
         if len(env_fns) < 1:
             raise UserError("MultiprocessVecEnv needs at least one env constructor.")
@@ -354,7 +360,7 @@ class MultiprocessVecEnv(VecEnv):
                 payload = cloudpickle.dumps((list(env_fns[start:end]), shard_instr))
                 parent_conn, child_conn = ctx.Pipe(duplex=True)
                 proc = ctx.Process(
-                    target=_worker_main, args=(i, child_conn, payload, env_vars), name=f"EnvWorker-{i}", daemon=True
+                    target=_worker_main, args=(i, child_conn, payload, env_vars, threads_per_worker), name=f"EnvWorker-{i}", daemon=True
                 )
                 proc.start()
                 child_conn.close()

@@ -15,7 +15,6 @@ import time
 
 import gymnasium as gym
 import numpy as np
-import psutil
 import pytest
 
 from embodied.errors import UserError
@@ -235,20 +234,49 @@ def test_shards_are_contiguous_and_balanced():
         assert env.num_procs == 2
 
 
+def _state(pid: int) -> str | None:
+    """The process state letter from /proc (``Z`` for a zombie), or None when it does not exist."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
 def _gone(pid: int) -> bool:
     """True once the process no longer exists (a zombie still exists: nobody reaped it)."""
+    return _state(pid) is None
+
+
+def _descendants(pid: int) -> set[int]:
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                pass
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _parent(pid: int) -> int | None:
     try:
-        psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return True
-    return False
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
 
 
 def assert_reaped(pids, timeout_s=5.0):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not all(_gone(p) for p in pids):
         time.sleep(0.05)
-    left = [(p, psutil.Process(p).status()) for p in pids if not _gone(p)]
+    left = [(p, _state(p)) for p in pids if not _gone(p)]
     assert not left, f"worker processes left behind (pid, status): {left}"
 
 
@@ -295,8 +323,8 @@ def test_constructor_failure_is_reported_and_cleaned_up():
         raise RuntimeError("cannot build this env")
 
     def workers() -> set[int]:
-        # env workers are the grandchildren (children of the shared forkserver process)
-        return {p.pid for p in psutil.Process().children(recursive=True) if p.ppid() != os.getpid()}
+        # env workers are grandchildren (children of the shared forkserver process)
+        return {p for p in _descendants(os.getpid()) if _parent(p) != os.getpid()}
 
     before = workers()
     with pytest.raises(EnvWorkerError, match="cannot build this env"):
@@ -347,16 +375,23 @@ def test_spawn_context_and_closures():
         np.testing.assert_allclose(r.reward, [1.25, 1.25])
 
 
-def test_workers_run_single_threaded():
+def test_workers_run_single_threaded(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")  # the parent's own setting does not leak into workers
+
     def make():
+        import torch  # imported by the env, after the worker set its thread budget
+
         env = cartpole()
         env.thread_env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LP_NUM_THREADS")}
+        env.thread_env["torch"] = torch.get_num_threads()
         return env
 
     with MultiprocessVecEnv([make], 1) as env:
         (threads,) = env.call("get_wrapper_attr", "thread_env")
-    if "OMP_NUM_THREADS" not in os.environ:
-        assert threads == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "LP_NUM_THREADS": "1"}
+    assert threads == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "LP_NUM_THREADS": "1", "torch": 1}
+    with MultiprocessVecEnv([make], 1, threads_per_worker=2) as env:
+        (threads,) = env.call("get_wrapper_attr", "thread_env")
+    assert threads["LP_NUM_THREADS"] == "2" and threads["torch"] == 2
 
 
 def test_render_concatenates_frames_in_env_order():

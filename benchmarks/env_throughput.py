@@ -1,0 +1,338 @@
+"""Env throughput: the raw simulator loop vs the same envs through our env contract, side by side.
+
+For each workload (ManiSkill PushCube state, ManiSkill PushCube rgb 128x128, MuJoCo HalfCheetah):
+
+* ``raw``: one process steps ``k`` single envs by hand (``env.step``, reset after a done), made
+  exactly as our adapter makes them (same kwargs) but without any of our code;
+* ``serial``: the same ``k`` envs through :class:`SerialVecEnv` in this process;
+* ``mp xP``: ``P * k`` envs through :class:`MultiprocessVecEnv` with ``P`` worker processes
+  (``k`` envs per process), for ``P`` = 1..N;
+* ``mp x1 kK`` (full run): one worker with ``K`` envs, against its own ``raw kK`` loop, to show
+  how the per-message cost depends on the batch per process.
+
+Every variant runs once per round, rounds interleave the variants (the machine may be shared:
+interleaving spreads outside load over all of them), and each variant reports its best and
+median round. Ratios against the raw loop with the same envs per process:
+
+* ``per_core``: steps/s divided by the cores it can use (``min(P, cores)``) over raw steps/s;
+* ``worker_cpu``: steps per CPU-second of the env workers only (for raw/serial: the process),
+  i.e. how much of a core's simulation throughput our workers keep;
+* ``cpu``: steps per CPU-second of every process involved (parent + workers); both CPU ratios
+  come from the OS's accounting and are much less sensitive to other load on the machine.
+
+    python -m benchmarks.env_throughput            # full (~5 min on 2 cores)
+    python -m benchmarks.env_throughput --quick    # ~1.5 min
+    python -m benchmarks.env_throughput --only halfcheetah
+
+Writes ``benchmarks/results/env_throughput.json`` (``env_throughput_quick.json`` with --quick).
+"""
+
+from __future__ import annotations
+
+import os
+
+# One thread per simulating process, in this process (the raw loop) as in the env workers.
+for _key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LP_NUM_THREADS"):
+    os.environ.setdefault(_key, "1")
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from importlib import metadata  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from benchmarks.common import machine_info, write_result  # noqa: E402
+from envs.base import VecEnv  # noqa: E402
+from envs.config import EnvConfig  # noqa: E402
+from envs.multiprocess import MultiprocessVecEnv  # noqa: E402
+from envs.registry import make_vec_env  # noqa: E402
+
+
+@dataclass
+class Workload:
+    name: str
+    cfg: EnvConfig  # num_envs is set per variant
+    envs_per_proc: int
+    window_s: float  # measuring time per variant per round
+    make_raw: Callable[[EnvConfig], Any]  # one raw single env
+    sweep: tuple[int, ...] = ()  # other envs-per-process counts for one worker (full mode)
+
+
+@dataclass
+class Variant:
+    name: str
+    procs: int
+    num_envs: int
+    step: Callable[[], int]  # steps every env once; returns the env steps done
+    cpu_s: Callable[[], tuple[float, float]]  # CPU seconds so far: (all processes, env workers only)
+    close: Callable[[], None]
+    rounds: list[dict[str, float]] = field(default_factory=list)
+    reference: str = "raw"  # the raw loop this variant is compared with
+
+
+# --- raw simulator loops ------------------------------------------------------------------------------
+
+
+def raw_maniskill(cfg: EnvConfig) -> Any:
+    """A ManiSkill CPU env exactly as the adapter makes it, with ManiSkill's own CPUGymWrapper."""
+    import gymnasium as gym
+
+    from envs.adapters.maniskill_adapter import _maniskill_kwargs, maniskill_registry
+
+    maniskill_registry()
+    from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
+
+    return CPUGymWrapper(gym.make(cfg.id, max_episode_steps=cfg.max_episode_steps, **_maniskill_kwargs(cfg, "physx_cpu", 1)))
+
+
+def raw_gymnasium(cfg: EnvConfig) -> Any:
+    import gymnasium as gym
+
+    return gym.make(cfg.id, max_episode_steps=cfg.max_episode_steps, **cfg.kwargs)
+
+
+def this_process_cpu_s() -> tuple[float, float]:
+    cpu = time.process_time()
+    return cpu, cpu
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, from /proc (10 ms resolution)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def raw_variant(workload: Workload, actions: np.ndarray, k: int, name: str = "raw") -> Variant:
+    envs = [workload.make_raw(workload.cfg) for _ in range(k)]
+    for i, env in enumerate(envs):
+        env.reset(seed=i)
+    t = [0]
+
+    def step() -> int:
+        row = actions[t[0] % len(actions)]
+        t[0] += 1
+        for i, env in enumerate(envs):
+            _, _, terminated, truncated, _ = env.step(row[i])
+            if terminated or truncated:
+                env.reset()
+        return k
+
+    def close() -> None:
+        for env in envs:
+            env.close()
+
+    return Variant(name, 1, k, step, this_process_cpu_s, close, reference=name)
+
+
+def contract_variant(name: str, env: VecEnv, actions: np.ndarray, procs: int, reference: str = "raw") -> Variant:
+    env.reset(seed=0)
+    t = [0]
+    workers = list(env.pids) if isinstance(env, MultiprocessVecEnv) else []
+
+    def step() -> int:
+        env.step(actions[t[0] % len(actions)])
+        t[0] += 1
+        return env.num_envs
+
+    def cpu_s() -> tuple[float, float]:
+        if not workers:
+            return this_process_cpu_s()
+        worker_cpu = sum(process_cpu_s(pid) for pid in workers)
+        return time.process_time() + worker_cpu, worker_cpu
+
+    return Variant(name, procs, env.num_envs, step, cpu_s, env.close, reference=reference)
+
+
+def random_actions(num_envs: int, act_dim: int, seed: int = 0) -> np.ndarray:
+    # (T, N, A) float32 in the usual [-1, 1] action box
+    return np.random.default_rng(seed).uniform(-1, 1, (16, num_envs, act_dim)).astype(np.float32)
+
+
+# --- measurement --------------------------------------------------------------------------------------
+
+
+def measure(variant: Variant, window_s: float, warmup_steps: int = 3) -> dict[str, float]:
+    for _ in range(warmup_steps):
+        variant.step()
+    steps = 0
+    (cpu0, worker0), t0 = variant.cpu_s(), time.perf_counter()
+    while True:
+        steps += variant.step()
+        wall = time.perf_counter() - t0
+        if wall >= window_s:
+            break
+    cpu1, worker1 = variant.cpu_s()
+    return {
+        "steps_per_s": steps / wall,
+        "steps_per_cpu_s": steps / max(cpu1 - cpu0, 1e-9),
+        "steps_per_worker_cpu_s": steps / max(worker1 - worker0, 1e-9),
+        "steps": steps,
+    }
+
+
+def run_workload(workload: Workload, procs_list: list[int], rounds: int, cores: int) -> dict[str, Any]:
+    k = workload.envs_per_proc
+    print(f"\n== {workload.name}: {k} envs per process, procs {procs_list}, {rounds} rounds of {workload.window_s:.1f} s", flush=True)
+    t_start = time.perf_counter()
+    act_dim = None
+    variants: list[Variant] = []
+    try:
+        ours_inproc = make_vec_env(EnvConfig(**{**workload.cfg.__dict__, "num_envs": k, "backend": "inprocess"}))
+        act_dim = int(np.prod(ours_inproc.action_space.shape))
+        variants.append(raw_variant(workload, random_actions(k, act_dim), k))
+        variants.append(contract_variant("serial", ours_inproc, random_actions(k, act_dim), 1))
+        for procs in procs_list:
+            env = make_multiprocess(workload, procs, k)
+            variants.append(contract_variant(f"mp x{procs}", env, random_actions(procs * k, act_dim), procs))
+        for kk in workload.sweep:
+            variants.append(raw_variant(workload, random_actions(kk, act_dim), kk, name=f"raw k{kk}"))
+            env = make_multiprocess(workload, 1, kk)
+            variants.append(contract_variant(f"mp x1 k{kk}", env, random_actions(kk, act_dim), 1, reference=f"raw k{kk}"))
+        setup_s = time.perf_counter() - t_start
+        for r in range(rounds):
+            for variant in variants:
+                variant.rounds.append(measure(variant, workload.window_s))
+            print(f"  round {r + 1}: " + ", ".join(f"{v.name} {v.rounds[-1]['steps_per_s']:.0f}/s" for v in variants), flush=True)
+    finally:
+        for variant in variants:
+            variant.close()
+    best = {v.name: {key: max(x[key] for x in v.rounds) for key in v.rounds[0]} for v in variants}
+    results = []
+    for v in variants:
+        mine, raw = best[v.name], best[v.reference]
+        results.append(
+            {
+                "variant": v.name,
+                "procs": v.procs,
+                "num_envs": v.num_envs,
+                "envs_per_proc": v.num_envs // v.procs,
+                "reference": v.reference,
+                "steps_per_s": round(mine["steps_per_s"], 1),
+                "steps_per_s_median": round(statistics.median(x["steps_per_s"] for x in v.rounds), 1),
+                "steps_per_cpu_s": round(mine["steps_per_cpu_s"], 1),
+                "steps_per_worker_cpu_s": round(mine["steps_per_worker_cpu_s"], 1),
+                "per_core_vs_raw": round(mine["steps_per_s"] / min(v.procs, cores) / raw["steps_per_s"], 3),
+                "worker_cpu_vs_raw": round(mine["steps_per_worker_cpu_s"] / raw["steps_per_worker_cpu_s"], 3),
+                "cpu_vs_raw": round(mine["steps_per_cpu_s"] / raw["steps_per_cpu_s"], 3),
+                "speedup_vs_raw": round(mine["steps_per_s"] / raw["steps_per_s"], 3),
+            }
+        )
+    return {
+        "envs_per_proc": k,
+        "config": {key: value for key, value in workload.cfg.__dict__.items() if key not in ("num_envs", "num_procs", "backend")},
+        "setup_s": round(setup_s, 1),
+        "rounds": rounds,
+        "window_s": workload.window_s,
+        "results": results,
+    }
+
+
+def make_multiprocess(workload: Workload, procs: int, per_proc: int) -> VecEnv:
+    cfg = {**workload.cfg.__dict__, "num_envs": procs * per_proc, "num_procs": procs, "backend": "multiprocess"}
+    return make_vec_env(EnvConfig(**cfg))
+
+
+def print_table(name: str, report: dict[str, Any]) -> None:
+    print(f"\n{name} ({report['envs_per_proc']} envs per process; ratios against the raw loop with as many envs per process)")
+    print(f"  {'variant':<11} {'envs':>5} {'steps/s':>9} {'median':>9} {'per core':>9} {'worker cpu':>11} {'all cpu':>8} {'speedup':>8}")
+    for row in report["results"]:
+        print(
+            f"  {row['variant']:<11} {row['num_envs']:>5} {row['steps_per_s']:>9.0f} {row['steps_per_s_median']:>9.0f} "
+            f"{row['per_core_vs_raw']:>9.3f} {row['worker_cpu_vs_raw']:>11.3f} {row['cpu_vs_raw']:>8.3f} {row['speedup_vs_raw']:>8.2f}"
+        )
+
+
+def workloads(quick: bool) -> list[Workload]:
+    scale = 0.5 if quick else 1.0
+    return [
+        Workload(
+            "maniskill_pushcube_state", EnvConfig(id="PushCube-v1", obs_mode="state"), 4, 2.0 * scale, raw_maniskill,
+            sweep=() if quick else (1, 16),
+        ),
+        Workload("maniskill_pushcube_rgb128", EnvConfig(id="PushCube-v1", obs_mode="rgb", image_size=128), 2, 3.5 * scale, raw_maniskill),
+        Workload(
+            "mujoco_halfcheetah_state", EnvConfig(id="HalfCheetah-v5", obs_mode="state"), 32, 1.5 * scale, raw_gymnasium,
+            sweep=() if quick else (8, 128),
+        ),
+    ]
+
+
+def extra_machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {}
+    for pkg in ("sapien", "mani_skill", "mujoco", "gymnasium"):
+        try:
+            info[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            info[pkg] = None
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        model = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    return {
+        "cpu_model": model,
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "versions_more": info,
+        "git_commit": commit,
+        "vulkan": os.environ.get("VK_ICD_FILENAMES") or "driver default",
+        "datetime_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, shorter windows, procs 1..2")
+    parser.add_argument("--only", default=None, help="run only workloads whose name contains this")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--max-procs", type=int, default=None, help="largest process count in the scaling runs")
+    args = parser.parse_args()
+    from envs.vulkan import ensure_vulkan_env
+
+    ensure_vulkan_env()
+    cores = len(os.sched_getaffinity(0))
+    max_procs = args.max_procs or (2 if args.quick else min(4, max(2, cores * 2)))
+    procs_list = [p for p in (1, 2, 4) if p <= max_procs]
+    rounds = args.rounds or (2 if args.quick else 3)
+    load_before = os.getloadavg()
+    start = time.perf_counter()
+    reports = {}
+    for workload in workloads(args.quick):
+        if args.only and args.only not in workload.name:
+            continue
+        reports[workload.name] = run_workload(workload, procs_list, rounds, cores)
+    for name, report in reports.items():
+        print_table(name, report)
+    result = {
+        "benchmark": "env_throughput",
+        "quick": args.quick,
+        "machine_more": {**extra_machine_info(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+        "total_s": round(time.perf_counter() - start, 1),
+        "workloads": reports,
+        "notes": (
+            "raw: k single envs stepped by hand in one process, made with the adapter's kwargs. serial: the same k "
+            "envs through SerialVecEnv. mp xP: P*k envs through MultiprocessVecEnv with P worker processes. "
+            "Ratios are against the raw loop with the same envs per process (best rounds): per_core_vs_raw = "
+            "steps/s / min(P, cores) / raw steps/s; worker_cpu_vs_raw = steps per CPU-second of the env workers "
+            "/ raw's; cpu_vs_raw = steps per CPU-second of all processes (parent + workers) / raw's. One thread "
+            "per simulating process. The machine may be shared: see loadavg."
+        ),
+    }
+    path = write_result("env_throughput_quick" if args.quick else "env_throughput", result)
+    print(f"\nwrote {path} in {result['total_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
