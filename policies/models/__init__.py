@@ -2,3 +2,4 @@
 
 from policies.models import mlp  # noqa: F401
 from policies.models import cnn  # noqa: F401
+from policies.models import token_policy  # noqa: F401
