@@ -83,7 +83,8 @@ INSTRUCTIONS = {
     "DrawSVG-v1": "draw along the outlined path on the canvas",
 }
 
-_PRIORITY = 20  # before the generic gymnasium adapter (100): ManiSkill ids are gymnasium ids too
+_PRIORITY = 20
+_NO_VULKAN = ("rendering device", "physical device", "ErrorIncompatibleDriver", "ErrorInitializationFailed")  # before the generic gymnasium adapter (100): ManiSkill ids are gymnasium ids too
 
 
 # --- registry and assets ------------------------------------------------------------------------------
@@ -111,7 +112,10 @@ def _claims(env_id: str) -> bool:
         entry = spec.entry_point
         module = entry if isinstance(entry, str) else getattr(getattr(entry, "func", entry), "__module__", "")
         return str(module).startswith("mani_skill")
-    return env_id in maniskill_registry()
+    try:
+        return env_id in maniskill_registry()
+    except Exception:  # noqa: BLE001 - a broken ManiSkill install must not break other adapters
+        return False
 
 
 def missing_assets(env_id: str) -> list[str]:
@@ -224,6 +228,12 @@ def _make_maniskill(cfg: EnvConfig, sim_backend: str, num_envs: int) -> gym.Env:
         # Datasets some tasks load without declaring them (PartNet-Mobility, ReplicaCAD scenes).
         if str(mani_skill.ASSET_DIR) in str(err) or "download_asset" in str(err):
             raise UserError(_asset_help(f"ManiSkill task {cfg.id!r} needs assets that are not here ({err}).")) from None
+        if any(sign in str(err) for sign in _NO_VULKAN):
+            raise UserError(
+                f"ManiSkill needs a Vulkan device, even for state observations, and found none ({err}). "
+                "Without an NVIDIA GPU run scripts/setup_vulkan.sh: it fetches Mesa's lavapipe (software "
+                "Vulkan) into .venv/vulkan, which the envs then use automatically."
+            ) from None
         raise
 
 

@@ -209,3 +209,15 @@ def test_gpu_batched_backend():
         assert chunk.rewards.shape == (16, 3)
     finally:
         env.close()
+
+
+def test_missing_vulkan_is_a_user_error_that_says_how_to_fix_it():
+    # a user-chosen ICD that does not exist: SAPIEN finds no Vulkan driver
+    code = (
+        "from envs.config import EnvConfig; from embodied.errors import UserError\n"
+        "from envs.adapters.maniskill_adapter import make_cpu_env\n"
+        "try:\n    make_cpu_env(EnvConfig(id='PushCube-v1'))\nexcept UserError as err:\n    print('USERERROR', err)\n"
+    )
+    env = {**os.environ, "VK_ICD_FILENAMES": "/nonexistent/icd.json", "VK_DRIVER_FILES": "/nonexistent/icd.json"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300).stdout
+    assert "USERERROR ManiSkill needs a Vulkan device" in out and "scripts/setup_vulkan.sh" in out
