@@ -78,7 +78,7 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:
-            self._wandb.finish(quiet=True)
+            self._wandb.finish()
             self._wandb = None
 
 

@@ -23,8 +23,9 @@ class EnvConfig:
     """``inprocess`` (one process steps the batch), ``multiprocess`` (envs spread over
     ``num_procs`` processes, for CPU simulators that cannot batch), or ``auto`` (the adapter's
     preferred backend for this machine)."""
-    num_procs: int = 1
-    """Processes of the multiprocess backend (each steps num_envs/num_procs envs in sequence)."""
+    num_procs: int = 0
+    """Processes of the multiprocess backend (each steps num_envs/num_procs envs in sequence);
+    0 = one per available core, at most one per env. The M2Flow plan sets it from the env's cores."""
     max_episode_steps: int | None = None
     """Time limit (truncation); None keeps the task's default."""
     obs_mode: str = "state"

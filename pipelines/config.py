@@ -124,6 +124,18 @@ class PlanConfig:
     """Placement mode; ``auto`` lets the planner choose from the profile."""
     chunks: int | None = None
     """Env micro-chunks per env worker; None lets the planner choose."""
+    profile: bool = True
+    """Profile the components and plan from the measurements (cached per env, policy and
+    hardware). False skips both: every worker on every core, ``chunks`` (default 1) as given."""
+    reprofile: bool = False
+    """Measure again even when a cached profile exists."""
+    max_chunks: int = 8
+    """Largest chunk count the planner considers."""
+    offload: list[str] | None = None
+    """Force these components (``actor``) to offload between phases; None follows the plan."""
+    replan_threshold: float = 0.25
+    """Re-plan between iterations when the measured iteration time differs from the prediction by
+    more than this fraction for two iterations in a row (0 disables re-planning)."""
 
 
 @dataclass

@@ -10,6 +10,7 @@ Where workers run and how the env batch is chunked comes from the plan (``plan.*
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections import deque
@@ -27,20 +28,26 @@ from embodied.seeding import seed_everything
 from pipelines.config import TrainConfig
 from pipelines.evaluate import evaluate_policy
 from pipelines.rundir import RunDir
-from pipelines.workers import ActorWorker, BlockRoute, EnvWorker, RolloutWorker, resolve_device
+from pipelines.planning import Layout, measured_factors, plan_embodied, profile_embodied, rescale, resources_of, workflow_of
+from pipelines.workers import ActorWorker, BlockRoute, EnvWorker, Placement, RolloutWorker, resolve_device
+from scheduler import PlanResult, Profile
 from policies.registry import build_policy
 
 RETURN_WINDOW = 20
+MIN_THREAD_SCALING = 0.3  # fitted parallel efficiency below which extra cores get no threads
+REPLAN_WINDOW = 5  # iterations whose median drift triggers re-planning
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LP_NUM_THREADS")
 
 
 class EmbodiedPPO:
     """Builds the worker groups and channels of the macro flow and runs it."""
 
-    def __init__(self, cfg: TrainConfig, run: RunDir) -> None:
+    def __init__(self, cfg: TrainConfig, run: RunDir | None) -> None:
         self.cfg = cfg
         self.run = run
-        self.num_chunks = cfg.plan.chunks or 1
+        self.layout = Layout.unplanned(cfg)
+        self.profile: Profile | None = None
+        self._drift: deque[dict[str, Any]] = deque(maxlen=REPLAN_WINDOW)
         self.iteration = 0
         self.env_steps = 0
         self.wall_s_before = 0.0
@@ -49,27 +56,81 @@ class EmbodiedPPO:
         self.recent: deque[dict[str, float]] = deque(maxlen=RETURN_WINDOW)
 
     # --- setup -----------------------------------------------------------------------------------
+    @property
+    def num_chunks(self) -> int:
+        return self.layout.num_chunks
+
+    def _placements(self) -> tuple[Placement, Placement, Placement]:
+        """Worker placements of the current layout (unplanned: not pinned, configured threads)."""
+        w, lay = self.cfg.workers, self.layout
+        if self.profile is None:
+            return Placement(None, w.torch_threads), Placement(None, w.torch_threads), Placement(None, w.actor_threads)
+        return (
+            Placement(lay.env_cores, 1),
+            Placement(lay.rollout_cores, self._threads("rollout", lay.rollout_cores)),
+            Placement(lay.actor_cores, self._threads("actor", lay.actor_cores)),
+        )
+
+    def _threads(self, component: str, cores: tuple[int, ...]) -> int:
+        """One torch thread per core only where the probes showed the component scales with
+        cores; small models run fastest on one thread (more threads only spin and contend)."""
+        assert self.profile is not None
+        scales = self.profile[component].cost.scaling_exponent >= MIN_THREAD_SCALING
+        return len(cores) if scales else 1
+
+    def _actor_offloads(self) -> bool:
+        forced = self.cfg.plan.offload
+        return "actor" in (forced if forced is not None else self.layout.plan.offload)
+
+    def plan(self, cluster: Cluster, log=print) -> PlanResult | None:
+        """Profile (cached) and plan; sets ``self.layout``. Returns the planner's result."""
+        cfg = self.cfg
+        if not cfg.plan.profile:
+            self.layout = Layout.unplanned(cfg)
+            return None
+        self.profile = profile_embodied(cfg, cluster, force=cfg.plan.reprofile, log=log)
+        result = plan_embodied(cfg, self.profile)
+        self.layout = Layout.of(result.best, resources_of(cfg))
+        log("[m2flow] candidate plans (predicted seconds per iteration):\n" + result.format_table(limit=8))
+        log(f"[m2flow] chosen: {result.best.mode}, {result.best.num_chunks} chunk(s), "
+            f"predicted {result.best.predicted_iteration_s:.3f} s/iteration")
+        return result
+
     def _build(self, cluster: Cluster) -> None:
         cfg, w = self.cfg, self.cfg.workers
         threads = {k: str(w.torch_threads) for k in THREAD_ENV}
+        env_p, roll_p, actor_p = self._placements()
         self.env = WorkerGroup(
-            cluster, EnvWorker, w.env, cfg, self.num_chunks, name="env",
+            cluster, EnvWorker, w.env, cfg, self.num_chunks, env_p, name="env",
             resources=RankResources(w.env_cpus, env_vars=threads),
         )
         self.obs_space, self.action_space = self.env.call("spaces", ranks=[0]).result()
         self.rollout = WorkerGroup(
-            cluster, RolloutWorker, w.rollout, cfg, self.obs_space, self.action_space, self.num_chunks,
+            cluster, RolloutWorker, w.rollout, cfg, self.obs_space, self.action_space, self.num_chunks, roll_p,
             name="rollout", resources=RankResources(w.rollout_cpus, 1.0 if cfg.policy.device.startswith("cuda") else 0.0, threads),
         )
         self.actor = WorkerGroup(
-            cluster, ActorWorker, 1, cfg, self.obs_space, self.action_space, name="actor",
+            cluster, ActorWorker, 1, cfg, self.obs_space, self.action_space, actor_p, self._actor_offloads(), name="actor",
             resources=RankResources(
                 w.actor_cpus, 1.0 if cfg.device.startswith("cuda") else 0.0, {k: str(w.actor_threads) for k in THREAD_ENV}
             ),
         )
+        self._connect()
+
+    def _connect(self) -> None:
         self.obs_channel = Channel("observations", self.rollout)
         self.action_channel = Channel("actions", self.env, route=BlockRoute(self.num_chunks))
         self.traj_channel = Channel("trajectories", self.actor)
+
+    def _apply_layout(self) -> None:
+        """Reconfigure running workers for a new layout (between iterations)."""
+        env_p, roll_p, actor_p = self._placements()
+        wait_all(
+            self.env.call("configure", self.num_chunks, env_p),
+            self.rollout.call("configure", self.num_chunks, roll_p),
+            self.actor.call("configure", actor_p, self._actor_offloads()),
+        )
+        self._connect()
 
     def _resume(self) -> None:
         model, optimizer, state = load_checkpoint(self.run.path)
@@ -112,10 +173,49 @@ class EmbodiedPPO:
             "time/sim_s": float(np.mean([o["sim_s"] for o in env_out])),
             "time/infer_s": float(np.mean([o["infer_s"] for o in roll_out])),
             "plan/chunks": self.num_chunks,
+            "plan/mode": self.layout.plan.mode,
+            "plan/predicted_iteration_s": self.layout.plan.predicted_iteration_s if self.profile is not None else None,
             "weights/version": roll_out[0]["version"],
             **stats,
         }
+        if self.profile is not None:
+            metrics["plan/measured_over_predicted"] = metrics["time/iteration_s"] / self.layout.plan.predicted_iteration_s
         return metrics
+
+    def maybe_replan(self, metrics: dict[str, Any], log=print) -> str | None:
+        """Re-plan when measured iteration times drift from the prediction: once the median of
+        the last REPLAN_WINDOW iterations is off by more than ``plan.replan_threshold``, rescale
+        each component's profiled cost by its measured median, plan again, and apply the new plan
+        if it differs. Returns the reason (logged), or None."""
+        cfg = self.cfg
+        if self.profile is None or cfg.plan.replan_threshold <= 0:
+            return None
+        self._drift.append(metrics)
+        if len(self._drift) < REPLAN_WINDOW:
+            return None
+        ratio = float(np.median([m["plan/measured_over_predicted"] for m in self._drift]))
+        if abs(ratio - 1) <= cfg.plan.replan_threshold:
+            return None
+        keys = ("time/sim_s", "time/infer_s", "time/train_s")
+        typical = {k: float(np.median([m[k] for m in self._drift])) for k in keys}
+        self._drift.clear()
+        factors = measured_factors(self.profile, self.layout, cfg, typical)
+        self.profile = rescale(self.profile, factors)
+        old = self.layout.plan
+        result = plan_embodied(cfg, self.profile)
+        changes = ", ".join(f"{name} {f:.2f}x" for name, f in factors.items())
+        reason = (f"iterations {self.iteration - REPLAN_WINDOW + 1}-{self.iteration} took {ratio:.2f}x the predicted "
+                  f"{old.predicted_iteration_s:.3f} s (measured/profiled per call: {changes})")
+        new_layout = Layout.of(result.best, resources_of(cfg))
+        if (new_layout.plan.mode, new_layout.plan.placement, new_layout.num_chunks) != (old.mode, old.placement, old.num_chunks):
+            self.layout = new_layout
+            self._apply_layout()
+            reason += f"; re-planned: {old.mode}/{old.num_chunks} chunks -> {result.best.mode}/{result.best.num_chunks} chunks"
+        else:
+            self.layout = new_layout
+            reason += f"; plan unchanged, prediction now {result.best.predicted_iteration_s:.3f} s"
+        log(f"[m2flow] {reason}")
+        return reason
 
     def _episode_metrics(self, episodes: list[dict[str, float]]) -> dict[str, Any]:
         window = list(self.recent)
@@ -147,6 +247,8 @@ class EmbodiedPPO:
         cluster = Cluster(cfg.cluster)
         progress = None
         try:
+            result = self.plan(cluster)
+            self._save_plan(result)
             self._build(cluster)
             if cfg.resume is not None:
                 self._resume()
@@ -158,6 +260,10 @@ class EmbodiedPPO:
                 metrics["wall_s"] = self.wall_s_before + time.perf_counter() - t_start
                 if cfg.eval.every and self.iteration % cfg.eval.every == 0 and self.iteration < total_iters:
                     metrics.update(self.evaluate(video=False))
+                reason = self.maybe_replan(metrics)
+                if reason is not None:
+                    metrics["plan/replanned"] = reason
+                    self._save_plan(None)
                 logger.log(metrics, step=self.env_steps)
                 progress.update(self.env_steps, metrics)
                 last = metrics
@@ -186,6 +292,20 @@ class EmbodiedPPO:
             logger.close()
             cluster.shutdown()
 
+    def _save_plan(self, result: PlanResult | None) -> None:
+        """Write the plan being executed (and the candidates it beat) to ``plan.json``."""
+        if self.run is None:
+            return
+        data: dict[str, Any] = {"plan": self.layout.plan.to_dict(), "planned": self.profile is not None}
+        if result is not None:
+            data["candidates"] = [
+                {"mode": m, "chunks": k, "placement": p, "predicted_s": t, "mean_utilization": u} for m, k, p, t, u in result.table()
+            ]
+        if self.profile is not None:
+            data["workflow"] = workflow_of(self.cfg).to_dict()
+            (self.run.path / "profile.json").write_text(json.dumps(self.profile.to_dict(), indent=2))
+        (self.run.path / "plan.json").write_text(json.dumps(data, indent=2))
+
     def _throughputs(self) -> list[float]:
         from embodied.metrics import read_metrics
 
@@ -206,7 +326,8 @@ class EmbodiedPPO:
         """Evaluate the trainer's current weights in this process."""
         cfg = self.cfg
         payload = self.actor.call("export_weights").result()
-        return evaluate_from_weights(cfg, self.obs_space, self.action_space, payload["state"], self.run.path / "videos" if video else None)
+        video_dir = self.run.path / "videos" if video and self.run is not None else None
+        return evaluate_from_weights(cfg, self.obs_space, self.action_space, payload["state"], video_dir)
 
 
 def evaluate_from_weights(cfg: TrainConfig, obs_space: Any, action_space: Any, state: dict[str, Any], video_dir: Path | None) -> dict[str, Any]:

@@ -18,6 +18,7 @@ the planner's simulation of a timeline is based:
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -26,12 +27,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from embodied.offload import Offloader
 from embodied.runtime import Channel, Worker
 from embodied.seeding import seed_everything
 from envs.base import Obs, to_numpy
 from envs.registry import make_vec_env
 from pipelines.config import TrainConfig
 from pipelines.ppo import ppo_update
+from scheduler import chunk_sizes
 from policies.registry import build_policy
 
 OBS_KEY = "obs"
@@ -49,12 +52,6 @@ class EnvOutput:
     final_obs: Obs | None = None
 
 
-def chunk_sizes(num_envs: int, num_chunks: int) -> list[int]:
-    """Split ``num_envs`` into ``num_chunks`` sizes differing by at most one."""
-    base, extra = divmod(num_envs, num_chunks)
-    return [base + (1 if i < extra else 0) for i in range(num_chunks)]
-
-
 class BlockRoute:
     """Channel route for keys ``rank * block + chunk`` owned by ``rank`` (picklable)."""
 
@@ -63,6 +60,20 @@ class BlockRoute:
 
     def __call__(self, key: int, num_ranks: int) -> int:
         return key // self.block
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a worker runs on this machine: the CPU cores it is pinned to (None: not pinned) and
+    its torch threads. Env workers give their env processes one core each."""
+
+    cores: tuple[int, ...] | None = None
+    threads: int = 1
+
+    def apply(self) -> None:
+        if self.cores is not None and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, self.cores)  # inherited by the env processes started after this
+        torch.set_num_threads(max(1, self.threads))
 
 
 def resolve_device(name: str) -> torch.device:
@@ -82,21 +93,29 @@ def to_torch(obs: Obs, device: torch.device) -> dict[str, torch.Tensor]:
 class EnvWorker(Worker):
     """Steps ``env.num_envs`` envs split into ``num_chunks`` independently stepped chunks."""
 
-    def __init__(self, cfg: TrainConfig, num_chunks: int) -> None:
-        torch.set_num_threads(cfg.workers.torch_threads)
+    def __init__(self, cfg: TrainConfig, num_chunks: int, placement: Placement | None = None) -> None:
         self.cfg = cfg
+        self.envs: list[Any] = []
+        self.configure(num_chunks, placement or Placement(None, cfg.workers.torch_threads))
+
+    def configure(self, num_chunks: int, placement: Placement) -> None:
+        """(Re)build the chunks' envs for a plan: ``num_chunks`` chunks, each stepping its envs in
+        ``len(placement.cores)`` processes pinned to those cores. Episodes restart."""
+        self.close()
+        placement.apply()
+        cfg = self.cfg
         self.num_chunks = num_chunks
         self.sizes = chunk_sizes(cfg.env.num_envs, num_chunks)
         base_seed = cfg.seed + 1000 * self.rank
+        procs = len(placement.cores) if placement.cores is not None else cfg.env.num_procs
         self.envs = []
         first = 0
         for size in self.sizes:
-            env_cfg = dataclasses.replace(cfg.env, num_envs=size)
+            env_cfg = dataclasses.replace(cfg.env, num_envs=size, num_procs=min(procs, size) if procs else 0)
             self.envs.append(make_vec_env(env_cfg, seed=base_seed + first))
             first += size
         self.seeds = [base_seed + sum(self.sizes[:c]) for c in range(num_chunks)]
         self.obs: list[Obs | None] = [None] * num_chunks
-        self.sim_s = 0.0
 
     def spaces(self) -> tuple[Any, Any]:
         return self.envs[0].observation_space, self.envs[0].action_space
@@ -129,6 +148,7 @@ class EnvWorker(Worker):
     def close(self) -> None:
         for env in self.envs:
             env.close()
+        self.envs = []
 
 
 class _Trajectory:
@@ -175,8 +195,9 @@ def concat_batches(batches: list[dict[str, Any]]) -> dict[str, Any]:
 class RolloutWorker(Worker):
     """Runs policy inference for the env chunks it owns and assembles their trajectories."""
 
-    def __init__(self, cfg: TrainConfig, observation_space: Any, action_space: Any, num_chunks: int) -> None:
-        torch.set_num_threads(cfg.workers.torch_threads)
+    def __init__(
+        self, cfg: TrainConfig, observation_space: Any, action_space: Any, num_chunks: int, placement: Placement | None = None
+    ) -> None:
         seed_everything(cfg.seed + 7919 * (self.rank + 1))
         self.cfg = cfg
         self.device = resolve_device(cfg.policy.device)
@@ -185,7 +206,12 @@ class RolloutWorker(Worker):
         low = getattr(action_space, "low", None)
         self.action_low = None if low is None else np.asarray(action_space.low, np.float32)
         self.action_high = None if low is None else np.asarray(action_space.high, np.float32)
-        total_keys = cfg.workers.env * num_chunks
+        self.configure(num_chunks, placement or Placement(None, cfg.workers.torch_threads))
+
+    def configure(self, num_chunks: int, placement: Placement) -> None:
+        """Serve the keys of ``num_chunks`` chunks per env worker, pinned as ``placement`` says."""
+        placement.apply()
+        total_keys = self.cfg.workers.env * num_chunks
         self.keys = [k for k in range(total_keys) if k % self.world_size == self.rank]
 
     def load_weights(self, payload: dict[str, Any]) -> int:
@@ -250,14 +276,27 @@ class RolloutWorker(Worker):
 class ActorWorker(Worker):
     """Holds the trainable policy and its optimizer; runs PPO on the collected trajectories."""
 
-    def __init__(self, cfg: TrainConfig, observation_space: Any, action_space: Any) -> None:
-        torch.set_num_threads(cfg.workers.actor_threads)
+    def __init__(
+        self, cfg: TrainConfig, observation_space: Any, action_space: Any, placement: Placement | None = None, offload: bool = False
+    ) -> None:
         seed_everything(cfg.seed)
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         self.policy = build_policy(cfg.policy, observation_space, action_space).to(self.device)
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=cfg.algo.lr, eps=1e-5)
         self.version = 0
+        self.offloader = Offloader(self.policy, self.optimizer)
+        self.configure(placement or Placement(None, cfg.workers.actor_threads), offload)
+
+    def configure(self, placement: Placement, offload: bool) -> None:
+        """Pin the trainer; with ``offload`` its weights, gradients and optimizer state leave the
+        device between training phases (context switching for colocated plans)."""
+        placement.apply()
+        self.offload_between_phases = offload
+        if offload and not self.offloader.is_offloaded:
+            self.offloader.offload()
+        elif not offload and self.offloader.is_offloaded:
+            self.offloader.onload()
 
     def export_weights(self) -> dict[str, Any]:
         """The policy weights as numpy arrays (zero-copy through Ray) with their version."""
@@ -286,8 +325,15 @@ class ActorWorker(Worker):
                 f"version {self.version}; weight sync did not reach every rollout rank"
             )
         t0 = time.perf_counter()
+        switch: dict[str, float] = {}
+        if self.offloader.is_offloaded:
+            moved = self.offloader.onload()
+            switch = {"offload/onload_s": moved.seconds, "offload/bytes": float(moved.bytes_moved)}
         data = concat_batches([{k: v for k, v in b.items() if k != "version"} for b in batches])
         stats = ppo_update(self.policy, self.optimizer, data, self.cfg.algo, lr, self.device)
         self.version += 1
+        if self.offload_between_phases:
+            switch["offload/offload_s"] = self.offloader.offload().seconds
+        stats.update(switch)
         stats["time/train_s"] = time.perf_counter() - t0
         return stats

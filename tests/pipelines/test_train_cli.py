@@ -138,3 +138,36 @@ def test_recipes_lists_bundled_recipes():
     result = embodied("recipes")
     assert result.returncode == 0
     assert "cartpole_ppo" in result.stdout and "halfcheetah_ppo" in result.stdout and "gym_ppo" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.learning
+def test_ppo_trains_on_an_isaac_style_batched_torch_env(tmp_path):
+    """A batched env stepping all envs at once in torch (Isaac Gym / Isaac Lab style) plugs in by
+    env.id, without per-env wrapping, and PPO learns it."""
+    run = tmp_path / "pointmass"
+    result = embodied(
+        "train", "gym_ppo", "env.id=tests.envs.batched_pointmass:BatchedPointMass", "env.num_envs=64",
+        "algo.total_env_steps=120000", "algo.rollout_steps=32", "algo.epochs=4", "algo.num_minibatches=4",
+        "policy.normalize_obs=false", f"run.dir={run}", "logging.wandb=false", "eval.episodes=64",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    s = summary(run)
+    assert s["eval/success_rate"] >= 0.9, s
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["policy.name=cnn"], "image"),  # a pixel policy on a state-only env
+        (["env.id=tests.pipelines.reach_env:Reach1D", "policy.name=mlpp"], "Unknown policy 'mlpp'. Did you mean 'mlp'"),
+        (["env.id=tests.pipelines.reach_env:Nope"], "has no class 'Nope'"),
+        (["plan.chunks=99"], "plan.chunks must be between 1 and env.num_envs"),
+    ],
+)
+def test_policy_env_mismatch_and_bad_plans_are_user_errors(tmp_path, overrides, needle):
+    run = tmp_path / "never"
+    result = embodied("train", "gym_ppo", *overrides, f"run.dir={run}")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert needle in result.stderr.replace("\n", " ")
+    assert not run.exists()

@@ -1,0 +1,346 @@
+"""M2Flow for embodied PPO: profile the real components, plan, and lay the plan onto workers.
+
+    profile = profile_embodied(cfg, cluster)     # measured, cached per env, policy and hardware
+    result = plan_embodied(cfg, profile)          # scheduler.plan: ranked candidates
+    layout = Layout.of(result.best, resources)    # cores per worker, chunks, offloads
+
+On CPU every core is a device: a component placed on cores {0} runs pinned there (``sched_setaffinity``,
+inherited by its env processes) with as many torch threads as cores. Probes measure what the
+workers run: a chunk's ``VecEnv.step`` at several chunk sizes and process counts, the policy's
+inference at several batch sizes and thread counts, a PPO minibatch step, a message between two
+Ray workers, and one offload/onload of the trainer's state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from embodied.config import to_dict
+from embodied.offload import Offloader
+from embodied.profiler import Probe, cache_key, hardware_fingerprint, load_cached, store_cached, time_call
+from embodied.runtime import Channel, Cluster, RankResources, Worker, WorkerGroup, wait_all
+from envs.base import to_numpy
+from envs.registry import make_vec_env
+from pipelines.config import TrainConfig
+from pipelines.workers import to_torch
+from policies.registry import build_policy
+from scheduler import ComponentProfile, CostModel, Plan, PlanResult, Profile, Resources, Workflow, plan
+
+MIB = 2**20
+GIB = 2**30
+
+
+def resources_of(cfg: TrainConfig) -> Resources:
+    """This machine as planner devices: one device per CPU core the run may use."""
+    cores = cfg.cluster.num_cpus or len(os.sched_getaffinity(0))
+    total_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+    return Resources.cpu_cores(cores, total_gib / cores)
+
+
+def workflow_of(cfg: TrainConfig) -> Workflow:
+    num_envs = cfg.env.num_envs * cfg.workers.env
+    samples = num_envs * cfg.algo.rollout_steps
+    return Workflow.embodied(
+        num_envs=num_envs,
+        rollout_steps=cfg.algo.rollout_steps,
+        train_epochs=cfg.algo.epochs,
+        train_minibatch=max(1, samples // cfg.algo.num_minibatches),
+    )
+
+
+def _setup_key(cfg: TrainConfig, backend: str) -> dict[str, Any]:
+    """What a profile depends on (besides the hardware)."""
+    return {
+        "env": to_dict(dataclasses.replace(cfg.env, num_procs=0)),
+        "policy": to_dict(cfg.policy),
+        "minibatch": workflow_of(cfg).train_minibatch,
+        "backend": backend,
+        "version": 2,
+    }
+
+
+def _probe_sizes(n: int) -> list[int]:
+    return sorted({n, max(1, math.ceil(n / 2)), max(1, math.ceil(n / 4))})
+
+
+def _tile(obs: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
+    """A batch of ``size`` observations made of the rows of ``obs``."""
+    idx = np.arange(size) % next(iter(obs.values())).shape[0]
+    return {k: np.ascontiguousarray(to_numpy(v)[idx]) for k, v in obs.items()}
+
+
+def _obs_mib_per_env(obs: dict[str, Any]) -> float:
+    return sum(to_numpy(v)[0].nbytes for v in obs.values()) / MIB
+
+
+def _probe_env(cfg: TrainConfig, cores: int, log) -> tuple[Probe, dict[str, np.ndarray], Any, Any]:
+    """Time one VecEnv.step at chunk sizes N, N/2, N/4 (one process) and N over all cores."""
+    probe = Probe("env")
+    n = cfg.env.num_envs
+    parallel = cfg.env.backend == "multiprocess" or (cfg.env.backend == "auto" and cfg.env.id not in _gym_ids())
+    obs_sample = action_space = obs_space = None
+    shapes = [(b, 1) for b in _probe_sizes(n)]
+    if cores > 1 and n > 1:
+        shapes.append((n, min(cores, n)))
+    for b, procs in shapes:
+        env_cfg = dataclasses.replace(cfg.env, num_envs=b, num_procs=procs)
+        env = make_vec_env(env_cfg, seed=cfg.seed)
+        try:
+            obs = env.reset(seed=cfg.seed)
+            if obs_sample is None:
+                obs_sample, obs_space, action_space = obs, env.observation_space, env.action_space
+            rng = np.random.default_rng(0)
+            space = env.action_space
+
+            def step() -> None:
+                if hasattr(space, "low"):
+                    actions = rng.uniform(space.low, space.high, size=(b, *space.shape)).astype(np.float32)
+                else:
+                    actions = rng.integers(0, space.n, size=b)
+                env.step(actions)
+
+            seconds = time_call(step, warmup=3, repeats=8)
+        finally:
+            env.close()
+        probe.add(b, procs, seconds)
+        log(f"  env     batch {b:>4} on {procs} core(s): {seconds * 1e3:8.2f} ms/step")
+    if not parallel or not any(procs > 1 for _, procs in shapes):
+        # one process cannot use more cores: tell the fit that more devices do not help
+        probe.add(n, max(2, cores), probe.samples[-1][2] if probe.samples[-1][0] == n else probe.samples[0][2])
+    return probe, obs_sample, obs_space, action_space
+
+
+def _gym_ids() -> set[str]:
+    import gymnasium as gym
+
+    return set(gym.registry)
+
+
+def _probe_rollout(cfg: TrainConfig, policy, obs, cores: int, log) -> Probe:
+    probe = Probe("rollout")
+    before = torch.get_num_threads()
+    try:
+        for threads in sorted({1, cores}):
+            torch.set_num_threads(threads)
+            for b in _probe_sizes(cfg.env.num_envs * cfg.workers.env):
+                batch = _tile(obs, b)
+
+                @torch.no_grad()
+                def infer() -> None:
+                    out = policy.act(to_torch(batch, torch.device("cpu")))
+                    out.actions.numpy(), out.logprobs.numpy(), out.values.numpy()
+
+                seconds = time_call(infer, warmup=2, repeats=5)
+                probe.add(b, threads, seconds)
+                log(f"  rollout batch {b:>4} on {threads} core(s): {seconds * 1e3:8.2f} ms/call")
+    finally:
+        torch.set_num_threads(before)
+    return probe
+
+
+def _probe_actor(cfg: TrainConfig, policy, obs, action_space, cores: int, log) -> tuple[Probe, float, float]:
+    """Time one PPO minibatch step (forward, loss, backward, optimizer step); one offload/onload."""
+    from embodied.rl import ppo_loss
+
+    probe = Probe("actor")
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-4, eps=1e-5)
+    mb = workflow_of(cfg).train_minibatch
+    before = torch.get_num_threads()
+    try:
+        for threads in sorted({1, cores}):
+            torch.set_num_threads(threads)
+            for b in sorted({mb, max(1, mb // 2)}):
+                batch = to_torch(_tile(obs, b), torch.device("cpu"))
+                with torch.no_grad():
+                    out = policy.act(batch)
+                old_logprobs, old_values = out.logprobs, out.values
+                advantages = torch.randn(b)
+
+                def step() -> None:
+                    ev = policy.evaluate(batch, out.actions)
+                    loss, _ = ppo_loss(ev.logprobs, old_logprobs, advantages, new_values=ev.values,
+                                       old_values=old_values, returns=old_values + advantages, entropy=ev.entropy)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    optimizer.step()
+
+                seconds = time_call(step, warmup=1, repeats=3)
+                probe.add(b, threads, seconds)
+                log(f"  actor   batch {b:>4} on {threads} core(s): {seconds * 1e3:8.2f} ms/minibatch")
+    finally:
+        torch.set_num_threads(before)
+    offloader = Offloader(policy, optimizer)
+    offload_s = offloader.offload().seconds
+    onload_s = offloader.onload().seconds
+    return probe, offload_s, onload_s
+
+
+class _Echo(Worker):
+    """Bounces channel messages back: measures the cost of one message between two workers."""
+
+    def bounce(self, inbox: Channel, outbox: Channel, count: int) -> None:
+        for _ in range(count):
+            outbox.put(0, inbox.get(0))
+
+    def serve(self, inbox: Channel, outbox: Channel, payload: np.ndarray, count: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(count):
+            outbox.put(0, payload)
+            inbox.get(0)
+        return (time.perf_counter() - t0) / (2 * count)
+
+
+def _probe_transfer(cluster: Cluster, obs_mib: float, log) -> tuple[float, float]:
+    """(latency_s, s_per_mib) of one channel message between two worker processes."""
+    if cluster.backend != "ray":
+        return 0.0, 0.0
+    group = WorkerGroup(cluster, _Echo, 2, name="profile-echo", resources=RankResources(0.01))
+    a_in, b_in = Channel("a", group, route=_rank0), Channel("b", group, route=_rank1)
+    times = {}
+    big = max(1.0, obs_mib)
+    try:
+        for mib in (0.001, big):
+            payload = np.zeros(max(1, int(mib * MIB)), np.uint8)
+            count = 30 if mib < 1 else 10
+            srv = group.call("serve", a_in, b_in, payload, count, ranks=[0])
+            bnc = group.call("bounce", b_in, a_in, count, ranks=[1])
+            wait_all(srv, bnc)
+            times[mib] = srv.result()
+    finally:
+        group.shutdown()
+    s_per_mib = max(0.0, (times[big] - times[0.001]) / (big - 0.001))
+    latency_s = max(0.0, times[0.001])
+    log(f"  message latency {latency_s * 1e3:.2f} ms, {s_per_mib * 1e3:.2f} ms/MiB")
+    return latency_s, s_per_mib
+
+
+def _rank0(key: Any, n: int) -> int:
+    return 0
+
+
+def _rank1(key: Any, n: int) -> int:
+    return 1
+
+
+def profile_embodied(cfg: TrainConfig, cluster: Cluster, force: bool = False, log=print) -> Profile:
+    """The measured profile of ``cfg``'s env, policy and trainer on this machine (cached)."""
+    resources = resources_of(cfg)
+    cores = len(resources)
+    key = cache_key(_setup_key(cfg, cluster.backend))
+    if not force:
+        cached = load_cached(key)
+        if cached is not None:
+            log(f"[m2flow] profile from cache ({key})")
+            return Profile.from_dict(cached)
+    log(f"[m2flow] profiling env, rollout and trainer on {cores} cores ...")
+    t0 = time.perf_counter()
+    env_probe, obs, obs_space, action_space = _probe_env(cfg, cores, log)
+    policy = build_policy(cfg.policy, obs_space, action_space)
+    rollout_probe = _probe_rollout(cfg, policy, obs, cores, log)
+    actor_policy = build_policy(cfg.policy, obs_space, action_space)
+    actor_probe, offload_s, onload_s = _probe_actor(cfg, actor_policy, obs, action_space, cores, log)
+    obs_mib = _obs_mib_per_env(obs)
+    latency_s, s_per_mib = _probe_transfer(cluster, obs_mib * cfg.env.num_envs, log)
+    weights_mib = sum(p.numel() * p.element_size() for p in policy.state_dict().values()) / MIB
+    action_mib = float(np.prod(action_space.shape or (1,))) * 4 / MIB
+    profile = Profile(
+        components={
+            "env": ComponentProfile("env", env_probe.fit(), memory_gib=0.0, output_mib_per_item=obs_mib),
+            "rollout": ComponentProfile(
+                "rollout", rollout_probe.fit(), memory_gib=weights_mib / 1024,
+                output_mib_per_item=action_mib, weights_mib=weights_mib,
+            ),
+            "actor": ComponentProfile(
+                "actor", actor_probe.fit(), memory_gib=4 * weights_mib / 1024, offload_s=offload_s, onload_s=onload_s,
+            ),
+        },
+        transfer_latency_s=latency_s,
+        transfer_s_per_mib=s_per_mib,
+        cross_process_messages=cluster.backend == "ray",
+        meta={
+            "key": key,
+            "hardware": hardware_fingerprint(),
+            "probes": {p.name: p.samples for p in (env_probe, rollout_probe, actor_probe)},
+            "profiling_s": time.perf_counter() - t0,
+        },
+    )
+    path = store_cached(key, profile.to_dict())
+    log(f"[m2flow] profiled in {time.perf_counter() - t0:.1f}s -> {path}")
+    return profile
+
+
+def plan_embodied(cfg: TrainConfig, profile: Profile) -> PlanResult:
+    """Plan ``cfg``'s workflow on this machine; ``plan.mode`` / ``plan.chunks`` restrict the search."""
+    return plan(
+        workflow_of(cfg),
+        profile,
+        resources_of(cfg),
+        max_chunks=min(cfg.plan.max_chunks, cfg.env.num_envs),
+        force_mode=None if cfg.plan.mode == "auto" else cfg.plan.mode,
+        force_chunks=cfg.plan.chunks,
+    )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A plan as the runtime executes it: cores per component, chunks per env worker, offloads."""
+
+    plan: Plan
+    env_cores: tuple[int, ...]
+    rollout_cores: tuple[int, ...]
+    actor_cores: tuple[int, ...]
+
+    @property
+    def num_chunks(self) -> int:
+        return self.plan.num_chunks
+
+    @classmethod
+    def of(cls, plan_: Plan, resources: Resources) -> Layout:
+        def cores(name: str) -> tuple[int, ...]:
+            devices = plan_.placement[name]
+            if any(resources.devices[d].kind != "cpu" for d in devices):
+                raise NotImplementedError("GPU placements are laid out by the CUDA device of each worker")
+            return tuple(sorted(devices))
+
+        return cls(plan_, cores("env"), cores("rollout"), cores("actor"))
+
+    @classmethod
+    def unplanned(cls, cfg: TrainConfig) -> Layout:
+        """No profile: every component on every core, the chunks the user asked for (default 1)."""
+        n = len(resources_of(cfg))
+        everything = tuple(range(n))
+        placement = {"env": everything, "rollout": everything, "actor": everything}
+        return cls(Plan("colocated", placement, cfg.plan.chunks or 1, None, (), float("nan")), everything, everything, everything)
+
+
+def rescale(profile: Profile, factors: dict[str, float]) -> Profile:
+    """The profile with each named component's costs multiplied by its factor (re-planning)."""
+    components = dict(profile.components)
+    for name, factor in factors.items():
+        c = components[name]
+        cost = CostModel(c.cost.fixed_s * factor, c.cost.per_item_s * factor, c.cost.scaling_exponent)
+        components[name] = dataclasses.replace(c, cost=cost)
+    return dataclasses.replace(profile, components=components)
+
+
+def measured_factors(profile: Profile, layout: Layout, cfg: TrainConfig, metrics: dict[str, Any]) -> dict[str, float]:
+    """Measured / profiled seconds per call of env, rollout and actor in one iteration."""
+    T, k = cfg.algo.rollout_steps, layout.num_chunks
+    workflow = workflow_of(cfg)
+    chunk = math.ceil(workflow.num_envs / k)
+    env_pred = profile["env"].cost.time_s(math.ceil(cfg.env.num_envs / k), len(layout.env_cores)) * T * k
+    roll_pred = profile["rollout"].cost.time_s(chunk, len(layout.rollout_cores)) * (T + 1) * k
+    mb = layout.plan.train_microbatch or workflow.train_minibatch
+    calls = cfg.algo.epochs * math.ceil(workflow.num_envs * T / mb)
+    actor_pred = profile["actor"].cost.time_s(mb, len(layout.actor_cores)) * calls
+    measured = {"env": metrics["time/sim_s"], "rollout": metrics["time/infer_s"], "actor": metrics["time/train_s"]}
+    predicted = {"env": env_pred, "rollout": roll_pred, "actor": actor_pred}
+    return {name: measured[name] / predicted[name] for name in measured if predicted[name] > 0 and measured[name] > 0}
