@@ -7,6 +7,7 @@ For each workload (ManiSkill PushCube state, ManiSkill PushCube rgb 128x128, MuJ
 * ``serial``: the same ``k`` envs through :class:`SerialVecEnv` in this process;
 * ``mp xP``: ``P * k`` envs through :class:`MultiprocessVecEnv` with ``P`` worker processes
   (``k`` envs per process), for ``P`` = 1..N;
+* ``mp x1 chunk8``: one worker, ``chunk_step`` with 8 actions per env (one message per chunk);
 * ``mp x1 kK`` (full run): one worker with ``K`` envs, against its own ``raw kK`` loop, to show
   how the per-message cost depends on the batch per process.
 
@@ -61,6 +62,7 @@ class Workload:
     window_s: float  # measuring time per variant per round
     make_raw: Callable[[EnvConfig], Any]  # one raw single env
     sweep: tuple[int, ...] = ()  # other envs-per-process counts for one worker (full mode)
+    chunk: int = 0  # also run one worker with chunk_step of this many actions (0: no)
 
 
 @dataclass
@@ -133,12 +135,18 @@ def raw_variant(workload: Workload, actions: np.ndarray, k: int, name: str = "ra
     return Variant(name, 1, k, step, this_process_cpu_s, close, reference=name)
 
 
-def contract_variant(name: str, env: VecEnv, actions: np.ndarray, procs: int, reference: str = "raw") -> Variant:
+def contract_variant(
+    name: str, env: VecEnv, actions: np.ndarray, procs: int, reference: str = "raw", chunk: int = 0
+) -> Variant:
     env.reset(seed=0)
     t = [0]
     workers = list(env.pids) if isinstance(env, MultiprocessVecEnv) else []
 
     def step() -> int:
+        if chunk:  # one message per chunk; envs whose episode ended inside it skip the rest
+            batch = np.stack([actions[(t[0] + j) % len(actions)] for j in range(chunk)], axis=1)  # (N, C, A)
+            t[0] += chunk
+            return int(env.chunk_step(batch).valid.sum())
         env.step(actions[t[0] % len(actions)])
         t[0] += 1
         return env.num_envs
@@ -193,6 +201,9 @@ def run_workload(workload: Workload, procs_list: list[int], rounds: int, cores: 
         for procs in procs_list:
             env = make_multiprocess(workload, procs, k)
             variants.append(contract_variant(f"mp x{procs}", env, random_actions(procs * k, act_dim), procs))
+        if workload.chunk:
+            env = make_multiprocess(workload, 1, k)
+            variants.append(contract_variant(f"mp x1 chunk{workload.chunk}", env, random_actions(k, act_dim), 1, chunk=workload.chunk))
         for kk in workload.sweep:
             variants.append(raw_variant(workload, random_actions(kk, act_dim), kk, name=f"raw k{kk}"))
             env = make_multiprocess(workload, 1, kk)
@@ -256,12 +267,12 @@ def workloads(quick: bool) -> list[Workload]:
     return [
         Workload(
             "maniskill_pushcube_state", EnvConfig(id="PushCube-v1", obs_mode="state"), 4, 2.0 * scale, raw_maniskill,
-            sweep=() if quick else (1, 16),
+            sweep=() if quick else (1, 16), chunk=8,
         ),
         Workload("maniskill_pushcube_rgb128", EnvConfig(id="PushCube-v1", obs_mode="rgb", image_size=128), 2, 3.5 * scale, raw_maniskill),
         Workload(
             "mujoco_halfcheetah_state", EnvConfig(id="HalfCheetah-v5", obs_mode="state"), 32, 1.5 * scale, raw_gymnasium,
-            sweep=() if quick else (8, 128),
+            sweep=() if quick else (8, 128), chunk=8,
         ),
     ]
 
