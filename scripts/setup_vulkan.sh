@@ -6,9 +6,9 @@
 # WITHOUT installing anything system-wide: apt runs with private state/cache directories, the
 # .debs are unpacked under $VENV/vulkan, and a patched ICD json points at the unpacked driver.
 #
-#   scripts/setup_vulkan.sh            # idempotent; does nothing when already set up
-#   scripts/setup_vulkan.sh --force    # fetch again
-#   VENV=/path/to/venv scripts/setup_vulkan.sh
+#   scripts/setup_vulkan.sh [VENV] [--force]
+#     VENV     the virtual environment to put it in (default: $VENV or the repo's .venv)
+#     --force  fetch again even when already set up (otherwise idempotent: returns at once)
 #   DEBIAN_MIRROR=http://mirror/debian scripts/setup_vulkan.sh
 #
 # Result, in $VENV/vulkan/:
@@ -22,13 +22,22 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${VENV:-$ROOT/.venv}"
-DEST="$VENV/vulkan"
 FORCE=0
-[[ "${1:-}" == "--force" ]] && FORCE=1
+for arg in "$@"; do
+    case "$arg" in
+        --force) FORCE=1 ;;
+        -*) echo "usage: $0 [VENV] [--force]" >&2; exit 2 ;;
+        *) VENV="$arg" ;;
+    esac
+done
+VENV="${VENV:-$ROOT/.venv}"
 
 log() { echo "[setup_vulkan] $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+
+mkdir -p "$VENV"
+VENV="$(cd "$VENV" && pwd)"  # absolute: the ICD json needs an absolute library path
+DEST="$VENV/vulkan"
 
 if [[ "$(uname -s)" != Linux ]]; then
     log "not Linux: nothing to do"; exit 0
@@ -114,6 +123,8 @@ icd_src="$(find "$DEST/root/usr/share/vulkan/icd.d" -name 'lvp_icd*.json' | head
 [[ -n "$icd_src" ]] || die "lavapipe ICD json not found in the unpacked packages"
 sed -E "s#\"library_path\": *\"[^\"]*\"#\"library_path\": \"$LIBDIR/libvulkan_lvp.so\"#" "$icd_src" > "$DEST/lvp_icd.json"
 
+# Only lavapipe is used: drop the hardware drivers and layers of the same package (~50 MB).
+find "$LIBDIR" -maxdepth 1 \( -name 'libvulkan_*.so' ! -name 'libvulkan_lvp.so' -o -name 'libVkLayer_*.so' \) -delete
 missing="$(LD_LIBRARY_PATH="$LIBDIR" ldd "$LIBDIR/libvulkan_lvp.so" | grep 'not found' || true)"
 [[ -z "$missing" ]] || die "the driver still misses libraries: $missing"
 
