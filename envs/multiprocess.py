@@ -36,6 +36,7 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
@@ -115,7 +116,11 @@ class StepBuffers:
         for name, shape, dtype in fields:
             layout.append((name, offset, shape, dtype.str))
             offset += -(-int(np.prod(shape)) * dtype.itemsize // 64) * 64  # 64-byte aligned slots
-        shm = SharedMemory(create=True, size=max(offset, 64))
+        try:
+            shm = SharedMemory(create=True, size=max(offset, 64))
+        except OSError as err:  # e.g. a small /dev/shm in a container: fall back to pickled steps
+            warnings.warn(f"MultiprocessVecEnv: no shared memory of {offset} bytes ({err}); steps go through pipes.", stacklevel=3)
+            return None
         return StepBuffers(shm, layout, owner=True)
 
     @staticmethod
