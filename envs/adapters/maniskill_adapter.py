@@ -83,8 +83,9 @@ INSTRUCTIONS = {
     "DrawSVG-v1": "draw along the outlined path on the canvas",
 }
 
-_PRIORITY = 20
-_NO_VULKAN = ("rendering device", "physical device", "ErrorIncompatibleDriver", "ErrorInitializationFailed")  # before the generic gymnasium adapter (100): ManiSkill ids are gymnasium ids too
+_PRIORITY = 20  # before the generic gymnasium adapter (100): ManiSkill ids are gymnasium ids too
+#: Signs, in SAPIEN's errors, that no Vulkan device is available.
+_NO_VULKAN = ("rendering device", "physical device", "ErrorIncompatibleDriver", "ErrorInitializationFailed")
 
 
 # --- registry and assets ------------------------------------------------------------------------------
