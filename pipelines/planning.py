@@ -268,7 +268,7 @@ def profile_embodied(cfg: TrainConfig, cluster: Cluster, force: bool = False, lo
         meta={
             "key": key,
             "hardware": hardware_fingerprint(),
-            "probes": {p.name: p.samples for p in (env_probe, rollout_probe, actor_probe)},
+            "probes": {p.name: [list(s) for s in p.samples] for p in (env_probe, rollout_probe, actor_probe)},
             "profiling_s": time.perf_counter() - t0,
         },
     )
@@ -277,9 +277,19 @@ def profile_embodied(cfg: TrainConfig, cluster: Cluster, force: bool = False, lo
     return profile
 
 
+SIMPLICITY_MARGIN = 0.02
+"""A plan with more chunks or a less simple mode must be predicted this much faster to be chosen:
+more chunks mean more messages, and a prediction within noise does not pay for that risk."""
+MODE_RANK = {"colocated": 0, "disaggregated": 1, "hybrid": 2}
+
+
 def plan_embodied(cfg: TrainConfig, profile: Profile) -> PlanResult:
-    """Plan ``cfg``'s workflow on this machine; ``plan.mode`` / ``plan.chunks`` restrict the search."""
-    return plan(
+    """Plan ``cfg``'s workflow on this machine; ``plan.mode`` / ``plan.chunks`` restrict the search.
+
+    Among the candidates predicted within SIMPLICITY_MARGIN of the fastest, the one with the fewest
+    chunks and the simplest mode becomes ``best``; the ranked table is kept as the search made it.
+    """
+    result = plan(
         workflow_of(cfg),
         profile,
         resources_of(cfg),
@@ -287,6 +297,15 @@ def plan_embodied(cfg: TrainConfig, profile: Profile) -> PlanResult:
         force_mode=None if cfg.plan.mode == "auto" else cfg.plan.mode,
         force_chunks=cfg.plan.chunks,
     )
+    return prefer_simple(result)
+
+
+def prefer_simple(result: PlanResult, margin: float = SIMPLICITY_MARGIN) -> PlanResult:
+    """``result`` with ``best`` replaced by the simplest candidate within ``margin`` of the fastest."""
+    fastest = result.best.predicted_iteration_s
+    close = [(p, t) for p, t in result.candidates if p.predicted_iteration_s <= fastest * (1 + margin)]
+    plan_, timeline = min(close, key=lambda pt: (pt[0].num_chunks, MODE_RANK.get(pt[0].mode, 9), len(pt[0].offload)))
+    return dataclasses.replace(result, best=plan_, best_timeline=timeline)
 
 
 @dataclass(frozen=True)

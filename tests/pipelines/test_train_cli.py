@@ -6,16 +6,18 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+CACHE = tempfile.mkdtemp(prefix="embodied-cache-")  # profiles measured fresh by this test run
 
 
 def embodied(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT), "EMBODIED_CACHE": CACHE}
     return subprocess.run(
         [sys.executable, "-m", "pipelines.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env
     )
@@ -171,3 +173,40 @@ def test_policy_env_mismatch_and_bad_plans_are_user_errors(tmp_path, overrides, 
     assert result.returncode == 2, result.stderr[-2000:]
     assert needle in result.stderr.replace("\n", " ")
     assert not run.exists()
+
+
+def test_forced_plan_with_chunks_and_trainer_offload(tmp_path):
+    """A forced hybrid plan with 2 chunks and the trainer offloading between phases runs, writes
+    plan.json and profile.json, and accounts the bytes it moved."""
+    run = tmp_path / "forced"
+    result = embodied(
+        "train", "cartpole_ppo", f"run.dir={run}", "algo.total_env_steps=2048", "logging.wandb=false",
+        "plan.mode=hybrid", "plan.chunks=2", "plan.offload=[actor]", "eval.episodes=2", "plan.replan_threshold=0",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[m2flow] chosen: hybrid, 2 chunk(s)" in result.stdout
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["plan"]["num_chunks"] == 2 and plan["plan"]["mode"] == "hybrid" and plan["candidates"]
+    assert (run / "profile.json").is_file()
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["plan/chunks"] == 2 for r in rows)
+    assert all(r["offload/bytes"] > 0 for r in rows[1:])  # onloaded before every training phase
+    assert all(r["plan/predicted_iteration_s"] > 0 and r["plan/measured_over_predicted"] > 0 for r in rows)
+
+
+@pytest.mark.slow
+def test_replans_when_the_simulator_slows_down(tmp_path):
+    """Env steps get 3 ms slower after 300 steps: measured iterations drift from the prediction,
+    and the run re-plans between iterations and says why."""
+    run = tmp_path / "drift"
+    result = embodied(
+        "train", "gym_ppo", "env.id=tests.pipelines.reach_env:Reach1D", "env.kwargs.delay_s=0.003",
+        "env.kwargs.delay_after_steps=300", "env.num_envs=8", "algo.rollout_steps=40", "algo.total_env_steps=9600",
+        "algo.epochs=2", "plan.replan_threshold=0.5", f"run.dir={run}", "logging.wandb=false", "eval.episodes=2",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[m2flow] iterations" in result.stdout and "env " in result.stdout
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    replans = [r["plan/replanned"] for r in rows if r.get("plan/replanned")]
+    assert replans, "no re-plan logged"
+    assert "measured/profiled per call: env" in replans[0]

@@ -1,0 +1,59 @@
+"""``embodied plan RECIPE [key=value ...] [--profile] [--out PATH]``: what the M2Flow planner would
+run, and why: the candidate table, the chosen plan, and a Gantt chart of its timeline against the
+sequential plan (one chunk, colocated)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from embodied.errors import UserError
+from embodied.runtime import Cluster
+from embodied.timeline_plot import plot_timelines
+from pipelines.cli import build_train_config, register_command
+from pipelines.planning import plan_embodied, profile_embodied, resources_of, workflow_of
+from pipelines.preflight import preflight
+from scheduler import PlanningError, sequential_plan, simulate
+
+
+def cmd_plan(args: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="embodied plan", description=__doc__)
+    parser.add_argument("--profile", action="store_true", help="measure again even if a cached profile exists")
+    parser.add_argument("--out", default=None, help="timeline PNG (default: plan-<recipe>.png)")
+    parser.add_argument("--json", default=None, help="also write the plan, candidates and profile as JSON")
+    flags, rest = parser.parse_known_args(args)
+    cfg = build_train_config(rest)
+    preflight(cfg)
+    with Cluster(cfg.cluster) as cluster:
+        profile = profile_embodied(cfg, cluster, force=flags.profile or cfg.plan.reprofile)
+    try:
+        result = plan_embodied(cfg, profile)
+    except PlanningError as err:
+        raise UserError(f"No plan fits this machine: {err}") from None
+    workflow, resources = workflow_of(cfg), resources_of(cfg)
+    baseline = sequential_plan(workflow, resources, profile)
+    base_timeline = simulate(baseline, profile, workflow, resources)
+    best = result.best
+    print(f"workflow: {workflow.num_envs} envs x {workflow.rollout_steps} steps, {workflow.train_epochs} epochs; "
+          f"{len(resources)} {resources.devices[0].kind} devices")
+    print(result.format_table(limit=12))
+    speedup = baseline.predicted_iteration_s / best.predicted_iteration_s
+    print(f"\nchosen: {best.mode}, {best.num_chunks} chunk(s), placement "
+          + ", ".join(f"{c}:{list(d)}" for c, d in best.placement.items())
+          + (f", offload {list(best.offload)}" if best.offload else "")
+          + f"\npredicted {best.predicted_iteration_s:.3f} s/iteration vs sequential {baseline.predicted_iteration_s:.3f} s "
+          f"({speedup:.2f}x)")
+    out = Path(flags.out or f"plan-{cfg.recipe}.png")
+    plot_timelines({"sequential (1 chunk, colocated)": base_timeline, f"chosen ({best.mode}, {best.num_chunks} chunks)": result.best_timeline},
+                   out, title=f"{cfg.recipe}: one iteration, predicted")
+    print(f"timeline: {out}")
+    if flags.json:
+        Path(flags.json).write_text(json.dumps({
+            "plan": best.to_dict(), "sequential": baseline.to_dict(), "profile": profile.to_dict(),
+            "candidates": [dict(zip(("mode", "chunks", "placement", "predicted_s", "mean_utilization"), row)) for row in result.table()],
+        }, indent=2))
+    return 0
+
+
+register_command("plan", cmd_plan, "show the M2Flow plan: embodied plan RECIPE [key=value ...] [--profile]")

@@ -1,0 +1,76 @@
+"""M2Flow in the runtime: layouts, re-planning math, profiling with a cache (unit level)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from embodied.config import apply_overrides
+from embodied.runtime import Cluster, ClusterConfig
+from pipelines.config import TrainConfig
+from pipelines.planning import Layout, measured_factors, prefer_simple, profile_embodied, rescale, workflow_of
+from scheduler import ComponentProfile, CostModel, Plan, PlanResult, Profile, Resources, Timeline
+
+
+def _cfg(*overrides: str) -> TrainConfig:
+    return apply_overrides(TrainConfig, {}, ["env.id=CartPole-v1", "env.num_envs=8", "algo.rollout_steps=16", *overrides])
+
+
+def _plan(mode: str, chunks: int, t: float, placement=None) -> Plan:
+    placement = placement or {"env": (0,), "rollout": (1,), "actor": (0, 1)}
+    return Plan(mode, placement, chunks, None, (), t)
+
+
+def test_layout_maps_devices_to_cores():
+    lay = Layout.of(_plan("hybrid", 3, 1.0), Resources.cpu_cores(2, 8.0))
+    assert (lay.env_cores, lay.rollout_cores, lay.actor_cores, lay.num_chunks) == ((0,), (1,), (0, 1), 3)
+
+
+def test_prefer_simple_takes_fewest_chunks_within_the_margin():
+    empty = Timeline((), 0.0, {})
+    cands = [_plan("hybrid", 4, 1.00), _plan("hybrid", 2, 1.015), _plan("colocated", 1, 1.019), _plan("hybrid", 1, 1.5)]
+    result = PlanResult(cands[0], empty, [(p, empty) for p in cands])
+    assert prefer_simple(result, margin=0.02).best is cands[2]  # 1 chunk, 1.9% slower: simpler wins
+    assert prefer_simple(result, margin=0.01).best is cands[0]  # outside a 1% margin only the fastest is left
+
+
+def test_rescale_and_measured_factors_by_hand():
+    prof = Profile({
+        "env": ComponentProfile("env", CostModel(0.0, 0.01, 0.0)),       # 0.01 s per env, one process
+        "rollout": ComponentProfile("rollout", CostModel(0.002, 0.0, 0.0)),  # 2 ms per call
+        "actor": ComponentProfile("actor", CostModel(0.0, 0.001, 1.0)),   # 1 ms per sample on one core
+    })
+    cfg = _cfg("algo.epochs=2", "algo.num_minibatches=4")
+    lay = Layout(_plan("hybrid", 2, 1.0, {"env": (0,), "rollout": (1,), "actor": (0, 1)}), (0,), (1,), (0, 1))
+    # T=16, k=2: env calls 32 of 4 envs -> 32 * 0.04 = 1.28 s predicted; rollout (T+1)*k = 34 calls -> 0.068 s;
+    # actor: 8 envs * 16 = 128 samples, minibatch 32, 2 epochs -> 8 calls of 32 * 0.001 / 2 = 0.016 s -> 0.128 s.
+    measured = {"time/sim_s": 2.56, "time/infer_s": 0.068, "time/train_s": 0.064}
+    factors = measured_factors(prof, lay, cfg, measured)
+    assert factors == pytest.approx({"env": 2.0, "rollout": 1.0, "actor": 0.5})
+    scaled = rescale(prof, factors)
+    assert scaled["env"].cost.per_item_s == pytest.approx(0.02)
+    assert scaled["actor"].cost.per_item_s == pytest.approx(0.0005)
+    assert scaled["rollout"].cost == prof["rollout"].cost
+
+
+def test_profile_is_measured_then_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path))
+    cfg = _cfg()
+    logs: list[str] = []
+    with Cluster(ClusterConfig(backend="local")) as cluster:
+        prof = profile_embodied(cfg, cluster, log=logs.append)
+        assert any("profiling" in line for line in logs)
+        logs.clear()
+        again = profile_embodied(cfg, cluster, log=logs.append)
+    assert any("from cache" in line for line in logs)
+    assert again.to_dict() == prof.to_dict()
+    assert set(prof.components) == {"env", "rollout", "actor"}
+    for name in ("env", "rollout", "actor"):
+        cost = prof[name].cost
+        assert cost.time_s(8, 1) > 0 and math.isfinite(cost.time_s(8, 1))
+    # probes of the env at several chunk sizes; CartPole steps in one process, so more cores do not help
+    assert {b for b, _, _ in prof.meta["probes"]["env"]} >= {2, 4, 8}
+    assert prof["env"].cost.scaling_exponent == pytest.approx(0.0, abs=0.05)
+    assert prof["rollout"].weights_mib > 0 and prof["actor"].onload_s >= 0
+    assert workflow_of(cfg).num_envs == 8
