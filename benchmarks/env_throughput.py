@@ -37,8 +37,10 @@ for _key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LP_N
     os.environ.setdefault(_key, "1")
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
@@ -309,6 +311,7 @@ def main() -> None:
     parser.add_argument("--only", default=None, help="run only workloads whose name contains this")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--max-procs", type=int, default=None, help="largest process count in the scaling runs")
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one workload, print JSON
     args = parser.parse_args()
     from envs.vulkan import ensure_vulkan_env
 
@@ -317,13 +320,17 @@ def main() -> None:
     max_procs = args.max_procs or (2 if args.quick else min(4, max(2, cores * 2)))
     procs_list = [p for p in (1, 2, 4) if p <= max_procs]
     rounds = args.rounds or (2 if args.quick else 3)
+    if args.one:  # a child run: this workload only, its report as the last line of stdout
+        (workload,) = [w for w in workloads(args.quick) if w.name == args.one]
+        print(RESULT_MARK + json.dumps(run_workload(workload, procs_list, rounds, cores)), flush=True)
+        return
     load_before = os.getloadavg()
     start = time.perf_counter()
     reports = {}
     for workload in workloads(args.quick):
         if args.only and args.only not in workload.name:
             continue
-        reports[workload.name] = run_workload(workload, procs_list, rounds, cores)
+        reports[workload.name] = run_in_child(workload.name, args)
     for name, report in reports.items():
         print_table(name, report)
     result = {
@@ -338,11 +345,36 @@ def main() -> None:
             "Ratios are against the raw loop with the same envs per process (best rounds): per_core_vs_raw = "
             "steps/s / min(P, cores) / raw steps/s; worker_cpu_vs_raw = steps per CPU-second of the env workers "
             "/ raw's; cpu_vs_raw = steps per CPU-second of all processes (parent + workers) / raw's. One thread "
-            "per simulating process. The machine may be shared: see loadavg."
+            "per simulating process; each workload runs in a fresh process. The machine may be shared: see loadavg."
         ),
     }
     path = write_result("env_throughput_quick" if args.quick else "env_throughput", result)
     print(f"\nwrote {path} in {result['total_s']:.0f} s")
+
+
+RESULT_MARK = "ENV_THROUGHPUT_RESULT "
+
+
+def run_in_child(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Run one workload in a fresh interpreter: in-process variants then start from a clean process
+    (simulators keep state across env instances, e.g. renderers, that would skew later workloads)."""
+    cmd = [sys.executable, "-m", "benchmarks.env_throughput", "--one", name]
+    for flag, value in (("--quick", args.quick), ("--rounds", args.rounds), ("--max-procs", args.max_procs)):
+        if value is True:
+            cmd.append(flag)
+        elif value not in (None, False):
+            cmd += [flag, str(value)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    report = None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith(RESULT_MARK):
+            report = json.loads(line[len(RESULT_MARK):])
+        else:
+            print(line, end="", flush=True)
+    if proc.wait() != 0 or report is None:
+        raise RuntimeError(f"benchmark workload {name} failed (exit code {proc.returncode})")
+    return report
 
 
 if __name__ == "__main__":
