@@ -88,7 +88,7 @@ def _probe_env(cfg: TrainConfig, cores: int, log) -> tuple[Probe, dict[str, np.n
     parallel = cfg.env.backend == "multiprocess" or (cfg.env.backend == "auto" and cfg.env.id not in _gym_ids())
     obs_sample = action_space = obs_space = None
     shapes = [(b, 1) for b in _probe_sizes(n)]
-    if cores > 1 and n > 1:
+    if parallel and cores > 1 and n > 1:
         shapes.append((n, min(cores, n)))
     for b, procs in shapes:
         env_cfg = dataclasses.replace(cfg.env, num_envs=b, num_procs=procs)
@@ -112,9 +112,9 @@ def _probe_env(cfg: TrainConfig, cores: int, log) -> tuple[Probe, dict[str, np.n
             env.close()
         probe.add(b, procs, seconds)
         log(f"  env     batch {b:>4} on {procs} core(s): {seconds * 1e3:8.2f} ms/step")
-    if not parallel or not any(procs > 1 for _, procs in shapes):
+    if not any(procs > 1 for _, procs in shapes):
         # one process cannot use more cores: tell the fit that more devices do not help
-        probe.add(n, max(2, cores), probe.samples[-1][2] if probe.samples[-1][0] == n else probe.samples[0][2])
+        probe.add(n, max(2, cores), next(t for b, _, t in probe.samples if b == n))
     return probe, obs_sample, obs_space, action_space
 
 

@@ -4,6 +4,7 @@ from embodied.runtime.channel import Channel, default_route
 from embodied.runtime.cluster import Cluster, ClusterConfig
 from embodied.runtime.mailbox import ChannelTimeout
 from embodied.runtime.worker import (
+    Endpoint,
     GroupFuture,
     RankResources,
     Worker,
@@ -19,6 +20,7 @@ __all__ = [
     "ChannelTimeout",
     "Cluster",
     "ClusterConfig",
+    "Endpoint",
     "GroupFuture",
     "RankResources",
     "Worker",

@@ -122,6 +122,20 @@ def _ray_host_class() -> Any:
         import ray
 
         class RayHost(_Host):
+            def __init__(self, *args: Any) -> None:
+                super().__init__(*args)
+                self.inbox = None
+                if self.failure is None:
+                    from embodied.runtime.socket_transport import SocketInbox
+
+                    try:
+                        self.inbox = SocketInbox(self.worker.mailbox)
+                    except OSError:  # no Unix sockets here: channels fall back to Ray calls
+                        self.inbox = None
+
+            def address(self) -> tuple[str, str] | None:
+                return self.inbox.address if self.inbox is not None else None
+
             @ray.method(concurrency_group="channel")
             def push(self, channel: str, key: Any, producer: str, seq: int, item: Any) -> None:
                 super().push(channel, key, producer, seq, item)
@@ -253,6 +267,15 @@ def _wait_local(pending: list[GroupFuture], deadline: float) -> None:
         f._results = [_check(f, i, x.result()) for i, x in enumerate(f.futures)]
 
 
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a rank receives channel messages: its Ray actor handle and, for same-machine
+    producers, its socket address ``(host, path)``."""
+
+    handle: Any
+    address: tuple[str, str] | None
+
+
 @dataclass
 class RankResources:
     """Resources of one rank: CPUs (may be fractional to colocate), GPUs, and env vars."""
@@ -290,6 +313,7 @@ class WorkerGroup(Generic[W]):
         res = resources if resources is not None else RankResources()
         self.resources = list(res) if isinstance(res, Sequence) else [res] * num_ranks
         self._executors: list[cf.ThreadPoolExecutor] = []
+        self._addresses: list[tuple[str, str] | None] | None = None
         if self.backend == "ray":
             host = _ray_host_class()
             self._hosts = [
@@ -342,9 +366,15 @@ class WorkerGroup(Generic[W]):
                 futures.append(self._executors[rank].submit(self._hosts[rank].call, method, tuple(args), kwargs))
         return GroupFuture(self.name, method, list(range(len(futures))), futures, self.backend, self.timeout_s)
 
-    def endpoints(self) -> list[Any]:
-        """Per-rank addresses for channels: Ray actor handles, or None for in-process ranks."""
-        return list(self._hosts) if self.backend == "ray" else [None] * self.num_ranks
+    def endpoints(self) -> list[Endpoint]:
+        """Per-rank addresses for channels (Ray handle and same-machine socket; None in-process)."""
+        if self.backend != "ray":
+            return [Endpoint(None, None)] * self.num_ranks
+        if self._addresses is None:
+            import ray
+
+            self._addresses = ray.get([h.address.remote() for h in self._hosts], timeout=self.timeout_s)
+        return [Endpoint(h, a) for h, a in zip(self._hosts, self._addresses)]
 
     def __getattr__(self, method: str) -> Any:
         if method.startswith("_"):

@@ -177,3 +177,38 @@ def test_dead_worker_process_is_reported(ray_cluster):
     group = WorkerGroup(ray_cluster, Producer, 1, 1, name="doomed", resources=half())
     with pytest.raises(WorkerError, match=r"doomed\[rank 0\].*died"):
         group.die().wait(timeout_s=60)
+
+
+def test_socket_frames_round_trip_arrays_out_of_band():
+    from embodied.runtime.socket_transport import decode, encode
+
+    arr = np.arange(100_000, dtype=np.float32).reshape(100, 1000)
+    frames = encode(("obs", 3, "producer", 7, {"rgb": arr, "n": 5}))
+    assert len(frames) == 2 and memoryview(frames[1]).nbytes == arr.nbytes  # the array travels as its own frame
+    name, key, producer, seq, item = decode([bytearray(f) for f in frames])
+    assert (name, key, producer, seq, item["n"]) == ("obs", 3, "producer", 7, 5)
+    np.testing.assert_array_equal(item["rgb"], arr)
+
+
+def test_ray_ranks_on_this_machine_receive_over_sockets(ray_cluster):
+    from embodied.runtime.socket_transport import this_host
+
+    consumers = WorkerGroup(ray_cluster, Consumer, 2, resources=half())
+    endpoints = consumers.endpoints()
+    assert all(e.address is not None and e.address[0] == this_host() for e in endpoints)
+    assert len({e.address[1] for e in endpoints}) == 2
+    consumers.shutdown()
+
+
+def test_channel_falls_back_to_ray_when_the_socket_is_gone(ray_cluster):
+    producers = WorkerGroup(ray_cluster, Producer, 1, 1, resources=half())
+    consumers = WorkerGroup(ray_cluster, Consumer, 1, resources=half())
+    channel = Channel("data", consumers)
+    from embodied.runtime.worker import Endpoint
+
+    channel._endpoints = [Endpoint(e.handle, (e.address[0], "\0embodied-no-such-socket")) for e in channel._endpoints]
+    c = consumers.call("consume", channel, [0], 5)
+    wait_all(c, producers.produce(channel, 5, 1))
+    assert c.result()[0] == [1000 + i for i in range(5)]
+    producers.shutdown()
+    consumers.shutdown()

@@ -1,0 +1,126 @@
+"""M2Flow: sequential vs chunked pipelines vs the planner's choice, side by side in one run.
+
+Workload (``benchmarks/m2flow_rgb.yaml``): ManiSkill PushCube from 128x128 rgb, 8 envs in one
+simulator process, and a VLA-shaped policy (patch tokens, autoregressive action-token decoding)
+whose inference costs about as much as the simulation. For each configuration the same training
+iterations run for real (Ray workers, channels, PPO updates); the planner's prediction for the
+configuration is recorded next to the measurement.
+
+    python -m benchmarks.m2flow_pipelining [--iterations 3] [--recipe benchmarks/m2flow_rgb.yaml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+from typing import Any
+
+from embodied.config import apply_overrides
+from embodied.runtime import Cluster
+from embodied.timeline_plot import plot_timelines
+from benchmarks.common import RESULTS, write_result
+from pipelines.config import TrainConfig
+from pipelines.embodied_ppo import EmbodiedPPO
+from pipelines.planning import plan_embodied, profile_embodied, resources_of, workflow_of
+from pipelines.recipes import load_recipe
+from scheduler import sequential_plan, simulate
+
+HERE = Path(__file__).parent
+
+
+def run_config(cfg: TrainConfig, iterations: int) -> dict[str, Any]:
+    """Plan (forced as ``cfg.plan`` says), build the workers, time ``iterations`` after a warm-up."""
+    algo = EmbodiedPPO(cfg, run=None)
+    with Cluster(cfg.cluster) as cluster:
+        algo.plan(cluster, log=lambda *_: None)
+        algo._build(cluster)
+        times = []
+        for it in range(iterations + 1):
+            metrics = algo.iterate()
+            if it > 0:
+                times.append(metrics["time/iteration_s"])
+                print(f"    iteration {it}: {metrics['time/iteration_s']:.2f} s "
+                      f"(rollout {metrics['time/rollout_s']:.2f} s, train {metrics['time/train_s']:.2f} s)", flush=True)
+    plan = algo.layout.plan
+    measured = statistics.median(times)
+    return {
+        "mode": plan.mode,
+        "chunks": plan.num_chunks,
+        "placement": {k: list(v) for k, v in plan.placement.items()},
+        "predicted_iteration_s": plan.predicted_iteration_s,
+        "measured_iteration_s": measured,
+        "measured_all_s": times,
+        "prediction_error": abs(plan.predicted_iteration_s - measured) / measured,
+        "env_steps_per_s": cfg.steps_per_iteration / measured,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", default=str(HERE / "m2flow_rgb.yaml"))
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--name", default="m2flow_pipelining")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    _, data = load_recipe(args.recipe)
+    base = apply_overrides(TrainConfig, data, ["plan.replan_threshold=0", *args.overrides])
+
+    with Cluster(base.cluster) as cluster:
+        profile = profile_embodied(base, cluster)
+    choice = plan_embodied(base, profile).best
+    configs = {
+        "sequential": ["plan.mode=colocated", "plan.chunks=1"],
+        "2 chunks": ["plan.chunks=2"],
+        "4 chunks": ["plan.chunks=4"],
+        "planner": [],
+    }
+    results: dict[str, Any] = {}
+    for name, overrides in configs.items():
+        cfg = apply_overrides(TrainConfig, data, ["plan.replan_threshold=0", *args.overrides, *overrides])
+        print(f"{name}:", flush=True)
+        results[name] = run_config(cfg, args.iterations)
+        r = results[name]
+        print(f"  {r['mode']}, {r['chunks']} chunk(s): measured {r['measured_iteration_s']:.2f} s/iteration, "
+              f"predicted {r['predicted_iteration_s']:.2f} s (error {100 * r['prediction_error']:.1f}%)", flush=True)
+
+    seq = results["sequential"]["measured_iteration_s"]
+    best_name = min(results, key=lambda n: results[n]["measured_iteration_s"])
+    best = results[best_name]["measured_iteration_s"]
+    for r in results.values():
+        r["speedup_vs_sequential"] = seq / r["measured_iteration_s"]
+    summary = {
+        "planner_speedup_vs_sequential": results["planner"]["speedup_vs_sequential"],
+        "planner_vs_best_of_sweep": results["planner"]["measured_iteration_s"] / best,
+        "best_config": best_name,
+        "max_prediction_error": max(r["prediction_error"] for r in results.values()),
+    }
+    print(f"planner's choice ({choice.mode}, {choice.num_chunks} chunks): {summary['planner_speedup_vs_sequential']:.2f}x "
+          f"sequential; {100 * (summary['planner_vs_best_of_sweep'] - 1):.1f}% from the best of the sweep; "
+          f"max prediction error {100 * summary['max_prediction_error']:.1f}%")
+
+    workflow, resources = workflow_of(base), resources_of(base)
+    seq_plan = sequential_plan(workflow, resources, profile)
+    png = plot_timelines(
+        {"sequential (1 chunk, colocated)": simulate(seq_plan, profile, workflow, resources),
+         f"planner's choice ({choice.mode}, {choice.num_chunks} chunks)": simulate(choice, profile, workflow, resources)},
+        RESULTS / f"{args.name}_timeline.png", title="M2Flow on 2 CPU cores: ManiSkill rgb + token-decoding policy, one iteration (predicted)",
+    )
+    result = {
+        "benchmark": "m2flow_pipelining",
+        "command": "python -m benchmarks.m2flow_pipelining " + " ".join(argv or []),
+        "workload": {"recipe": Path(args.recipe).name, "env": base.env.id, "obs_mode": base.env.obs_mode,
+                     "num_envs": base.env.num_envs, "rollout_steps": base.algo.rollout_steps, "policy": base.policy.name,
+                     "policy_kwargs": base.policy.kwargs},
+        "profile": profile.to_dict(),
+        "configs": results,
+        "summary": summary,
+        "timeline_png": png.name,
+    }
+    path = write_result(args.name, result)
+    print(f"wrote {path} and {png}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
