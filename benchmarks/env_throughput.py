@@ -36,6 +36,12 @@ import os
 for _key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LP_NUM_THREADS"):
     os.environ.setdefault(_key, "1")
 
+import warnings  # noqa: E402
+
+# gymnasium's float64->float32 Box warnings and ManiSkill's numpy deprecations, once per env: noise here
+warnings.filterwarnings("ignore", category=UserWarning, module="gymnasium")
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
 import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
