@@ -61,13 +61,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--recipe", default=str(HERE / "m2flow_rgb.yaml"))
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--name", default="m2flow_pipelining")
+    parser.add_argument("--reprofile", action="store_true", help="measure the profile again (do it on a quiet machine)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     _, data = load_recipe(args.recipe)
     base = apply_overrides(TrainConfig, data, ["plan.replan_threshold=0", *args.overrides])
 
     with Cluster(base.cluster) as cluster:
-        profile = profile_embodied(base, cluster)
+        profile = profile_embodied(base, cluster, force=args.reprofile)
     choice = plan_embodied(base, profile).best
     configs = {
         "sequential": ["plan.mode=colocated", "plan.chunks=1"],

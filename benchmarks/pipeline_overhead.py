@@ -70,17 +70,21 @@ def plain_loop(cfg: TrainConfig, iterations: int) -> dict[str, Any]:
 
 
 def ray_pipeline(cfg: TrainConfig, iterations: int) -> dict[str, Any]:
-    """The macro flow on Ray (EmbodiedPPO.iterate), same measurement."""
-    algo = EmbodiedPPO(cfg, run=None)  # type: ignore[arg-type]
+    """The macro flow on Ray (EmbodiedPPO.iterate) under the plan ``embodied train`` would use
+    (profiled and planned unless plan.profile=false), same measurement."""
+    algo = EmbodiedPPO(cfg, run=None)
     times = []
     with Cluster(cfg.cluster) as cluster:
+        algo.plan(cluster, log=lambda *_: None)
         algo._build(cluster)
         for it in range(iterations + 1):
             m = algo.iterate()
             if it > 0:
                 times.append((m["time/iteration_s"], m["time/sync_s"] + m["time/rollout_s"], m["time/iteration_s"] - m["time/sync_s"] - m["time/rollout_s"]))
     result = _summary(cfg, times)
-    result["chunks"] = algo.num_chunks
+    result["plan"] = {"mode": algo.layout.plan.mode, "chunks": algo.num_chunks,
+                      "placement": {k: list(v) for k, v in algo.layout.plan.placement.items()},
+                      "predicted_iteration_s": algo.layout.plan.predicted_iteration_s}
     return result
 
 
@@ -104,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     _, data = load_recipe(args.recipe)
-    cfg = apply_overrides(TrainConfig, data, ["logging.wandb=false", "logging.tensorboard=false", *args.overrides])
+    cfg = apply_overrides(TrainConfig, data, ["logging.wandb=false", "logging.tensorboard=false", "plan.replan_threshold=0", *args.overrides])
     plain = plain_loop(cfg, args.iterations)
     print(f"plain loop   : {plain['env_steps_per_s']:8.0f} env steps/s  (collect {plain['collect_s']:.3f}s, train {plain['train_s']:.3f}s per iteration)", flush=True)
     pipe = ray_pipeline(cfg, args.iterations)

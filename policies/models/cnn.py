@@ -20,12 +20,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
-from torch.distributions import Categorical, Normal
 
 from embodied.errors import UserError
-from policies.base import ActionOutput, Evaluation, Policy
+from policies.base import Policy
 from policies.config import PolicyConfig
-from policies.models.mlp import RunningNorm, _init, mlp
+from policies.models.mlp import ActorCriticHeads, RunningNorm, _init
 from policies.registry import POLICIES
 
 #: ``policy.kwargs`` the CNN understands, with their defaults.
@@ -67,7 +66,7 @@ class NatureCNN(nn.Module):
         return self.project(self.convs(x))  # (B, feature_dim)
 
 
-class CNNActorCritic(Policy):
+class CNNActorCritic(ActorCriticHeads):
     """Shared pixel (+ state) encoder, actor and critic heads."""
 
     def __init__(self, cfg: PolicyConfig, observation_space: gym.spaces.Dict, action_space: gym.spaces.Space) -> None:
@@ -80,16 +79,6 @@ class CNNActorCritic(Policy):
                 f"policy 'cnn' needs an image observation ('rgb' or 'rgb/<camera>'); the env gives "
                 f"{list(observation_space.spaces)}. Use env.obs_mode=rgb or state+rgb, or policy.name=mlp."
             )
-        self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        if self.discrete:
-            self.act_dim = int(action_space.n)
-            self.action_shape: tuple[int, ...] = ()
-        elif isinstance(action_space, gym.spaces.Box):
-            self.act_dim = int(np.prod(action_space.shape))
-            self.action_shape = tuple(action_space.shape)
-        else:
-            raise UserError(f"policy 'cnn' supports Discrete and Box action spaces, not {action_space}.")
-
         # ModuleDict names may not contain '.', and '/' reads badly in state_dict keys.
         self.encoders = nn.ModuleDict({
             _module_name(key): NatureCNN(_image_shape(observation_space[key], key), channels, feature_dim)
@@ -102,11 +91,7 @@ class CNNActorCritic(Policy):
         if self.has_state:
             self.state_encoder = nn.Sequential(_init(nn.Linear(self.state_dim, feature_dim), math.sqrt(2)), nn.ReLU())
         trunk_dim = feature_dim * (len(self.cameras) + int(self.has_state))
-        hidden = list(cfg.hidden_sizes)
-        self.actor = mlp(trunk_dim, hidden, self.act_dim, cfg.activation, out_gain=0.01)
-        self.critic = mlp(trunk_dim, hidden, 1, cfg.activation, out_gain=1.0)
-        if not self.discrete:
-            self.log_std = nn.Parameter(torch.full((self.act_dim,), float(cfg.init_log_std)))
+        self._build_heads(cfg, action_space, trunk_dim, "cnn")
 
     def _features(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         device = self.actor[0].weight.device
@@ -119,38 +104,6 @@ class CNNActorCritic(Policy):
     def _state(self, obs: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor:
         state = torch.as_tensor(obs["state"], device=device)
         return state.reshape(state.shape[0], -1).float()  # (B, D)
-
-    def _dist(self, x: torch.Tensor) -> torch.distributions.Distribution:
-        logits_or_mean = self.actor(x)
-        if self.discrete:
-            return Categorical(logits=logits_or_mean)
-        return Normal(logits_or_mean, self.log_std.exp().expand_as(logits_or_mean))
-
-    def _logprob(self, dist: torch.distributions.Distribution, actions: torch.Tensor) -> torch.Tensor:
-        if self.discrete:
-            return dist.log_prob(actions.long().reshape(-1))
-        return dist.log_prob(actions.reshape(actions.shape[0], -1)).sum(-1)
-
-    def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> ActionOutput:
-        x = self._features(obs)
-        dist = self._dist(x)
-        if deterministic:
-            actions = dist.probs.argmax(-1) if self.discrete else dist.mean
-        else:
-            actions = dist.sample()
-        logprobs = self._logprob(dist, actions)
-        if not self.discrete:
-            actions = actions.reshape(actions.shape[0], *self.action_shape)
-        return ActionOutput(actions, logprobs, self.critic(x).squeeze(-1))
-
-    def evaluate(self, obs: dict[str, torch.Tensor], actions: torch.Tensor) -> Evaluation:
-        x = self._features(obs)
-        dist = self._dist(x)
-        entropy = dist.entropy() if self.discrete else dist.entropy().sum(-1)
-        return Evaluation(self._logprob(dist, actions), entropy, self.critic(x).squeeze(-1))
-
-    def value(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.critic(self._features(obs)).squeeze(-1)
 
     def update_normalizer(self, obs: dict[str, torch.Tensor]) -> None:
         if self.normalizer is not None:

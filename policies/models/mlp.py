@@ -59,17 +59,12 @@ class RunningNorm(nn.Module):
         return ((x - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-self.clip, self.clip)
 
 
-class MLPActorCritic(Policy):
-    """Separate actor and critic MLPs on the flattened ``state`` observation."""
+class ActorCriticHeads(Policy):
+    """Actor and critic MLP heads on features from ``_features(obs)`` (B, F), with a Categorical
+    (Discrete) or state-independent Gaussian (Box) action distribution. Subclasses build the
+    encoder and call :meth:`_build_heads`."""
 
-    def __init__(self, cfg: PolicyConfig, observation_space: gym.spaces.Dict, action_space: gym.spaces.Space) -> None:
-        super().__init__()
-        if "state" not in observation_space.spaces:
-            raise UserError(
-                f"policy 'mlp' needs a 'state' observation; the env gives {list(observation_space.spaces)}. "
-                "Use env.obs_mode=state or a pixel policy (policy.name=cnn)."
-            )
-        self.obs_dim = int(np.prod(observation_space["state"].shape))
+    def _build_heads(self, cfg: PolicyConfig, action_space: gym.spaces.Space, feature_dim: int, name: str) -> None:
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         if self.discrete:
             self.act_dim = int(action_space.n)
@@ -78,17 +73,15 @@ class MLPActorCritic(Policy):
             self.act_dim = int(np.prod(action_space.shape))
             self.action_shape = tuple(action_space.shape)
         else:
-            raise UserError(f"policy 'mlp' supports Discrete and Box action spaces, not {action_space}.")
+            raise UserError(f"policy {name!r} supports Discrete and Box action spaces, not {action_space}.")
         hidden = list(cfg.hidden_sizes)
-        self.normalizer = RunningNorm(self.obs_dim) if cfg.normalize_obs else None
-        self.actor = mlp(self.obs_dim, hidden, self.act_dim, cfg.activation, out_gain=0.01)
-        self.critic = mlp(self.obs_dim, hidden, 1, cfg.activation, out_gain=1.0)
+        self.actor = mlp(feature_dim, hidden, self.act_dim, cfg.activation, out_gain=0.01)
+        self.critic = mlp(feature_dim, hidden, 1, cfg.activation, out_gain=1.0)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((self.act_dim,), float(cfg.init_log_std)))
 
     def _features(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        x = obs["state"].reshape(obs["state"].shape[0], -1).float()  # (B, D)
-        return self.normalizer(x) if self.normalizer is not None else x
+        raise NotImplementedError
 
     def _dist(self, x: torch.Tensor) -> torch.distributions.Distribution:
         logits_or_mean = self.actor(x)
@@ -121,6 +114,25 @@ class MLPActorCritic(Policy):
 
     def value(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.critic(self._features(obs)).squeeze(-1)
+
+
+class MLPActorCritic(ActorCriticHeads):
+    """Separate actor and critic MLPs on the flattened ``state`` observation."""
+
+    def __init__(self, cfg: PolicyConfig, observation_space: gym.spaces.Dict, action_space: gym.spaces.Space) -> None:
+        super().__init__()
+        if "state" not in observation_space.spaces:
+            raise UserError(
+                f"policy 'mlp' needs a 'state' observation; the env gives {list(observation_space.spaces)}. "
+                "Use env.obs_mode=state or a pixel policy (policy.name=cnn)."
+            )
+        self.obs_dim = int(np.prod(observation_space["state"].shape))
+        self.normalizer = RunningNorm(self.obs_dim) if cfg.normalize_obs else None
+        self._build_heads(cfg, action_space, self.obs_dim, "mlp")
+
+    def _features(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        x = obs["state"].reshape(obs["state"].shape[0], -1).float()  # (B, D)
+        return self.normalizer(x) if self.normalizer is not None else x
 
     def update_normalizer(self, obs: dict[str, torch.Tensor]) -> None:
         if self.normalizer is not None:

@@ -1,0 +1,71 @@
+"""Learning curve of a run: success rate (and return) against wall time, as PNG + JSON.
+
+    python -m benchmarks.learning_curve RUN_DIR [--name pushcube_learning_curve]
+
+Reads the run's metrics.jsonl (train/* every iteration, eval/* where the run evaluated) and
+summary.json (the final evaluation), and writes benchmarks/results/<name>.{png,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from benchmarks.common import RESULTS, write_result  # noqa: E402
+from embodied.metrics import read_metrics  # noqa: E402
+
+
+def curve(run_dir: Path) -> dict[str, Any]:
+    rows = read_metrics(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
+    train = [(r["wall_s"], r["env_steps"], r.get("train/success_rate")) for r in rows if r.get("train/success_rate") is not None]
+    evals = [(r["wall_s"], r["env_steps"], r["eval/success_rate"]) for r in rows if r.get("eval/success_rate") is not None]
+    if summary.get("eval/success_rate") is not None:
+        evals.append((summary["wall_s"], summary["env_steps"], summary["eval/success_rate"]))
+    first_08 = next(((w, s) for w, s, v in evals if v >= 0.8), None)
+    return {"train": train, "eval": evals, "summary": summary,
+            "first_eval_success_ge_0.8": {"wall_s": first_08[0], "env_steps": first_08[1]} if first_08 else None}
+
+
+def plot(data: dict[str, Any], path: Path, title: str) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=120)
+    if data["train"]:
+        w, _, v = zip(*data["train"])
+        ax.plot([x / 60 for x in w], v, color="#9ecae1", lw=1.2, label="train episodes (last 20)")
+    if data["eval"]:
+        w, _, v = zip(*data["eval"])
+        ax.plot([x / 60 for x in w], v, "o-", color="#08519c", lw=2, label="evaluation (deterministic)")
+    ax.axhline(0.8, color="#cb181d", ls="--", lw=1, label="target 0.8")
+    ax.set_xlabel("wall time (minutes)")
+    ax.set_ylabel("success rate")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--name", default="pushcube_learning_curve")
+    parser.add_argument("--title", default="PushCube-v1 (state), PPO, 2 CPU cores: success vs wall time")
+    args = parser.parse_args(argv)
+    data = curve(args.run_dir)
+    png = plot(data, RESULTS / f"{args.name}.png", args.title)
+    path = write_result(args.name, {"benchmark": "learning_curve", "run_dir": str(args.run_dir), **data, "png": png.name})
+    print(f"wrote {path} and {png}")
+
+
+if __name__ == "__main__":
+    main()
