@@ -484,8 +484,11 @@ class MultiprocessVecEnv(VecEnv):
         """Send each worker its rows of ``actions`` (N, *act_shape) and return at once."""
         actions = to_numpy(actions)
         act_shape = (self.num_envs, *(self.action_space.shape or ()))
-        if actions.shape[:1] != (self.num_envs,):
-            raise UserError(f"step expects actions of shape {act_shape}, got {tuple(actions.shape)}.")
+        if tuple(actions.shape) != act_shape:
+            raise UserError(
+                f"step expects actions of shape (num_envs, *action_shape) = {act_shape}, got {tuple(actions.shape)}; "
+                f"the env's action space is {self.action_space}."
+            )
         buffers = self._buffers
         if buffers is not None and actions.shape == buffers.actions.shape and actions.dtype == buffers.actions.dtype:
             self._begin("step_shared")

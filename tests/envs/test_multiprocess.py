@@ -213,7 +213,9 @@ def test_wrong_chunk_shape_is_a_user_error():
         with pytest.raises(UserError, match="chunk_step expects"):
             env.chunk_step(np.zeros((3, 3, 2), np.float32))  # 3 envs instead of 2
         with pytest.raises(UserError, match="step expects actions"):
-            env.step(np.zeros((3, 2), np.float32))
+            env.step(np.zeros((3, 2), np.float32))  # 3 envs instead of 2
+        with pytest.raises(UserError, match=r"step expects actions of shape .* = \(2, 2\), got \(2, 3\)"):
+            env.step(np.zeros((2, 3), np.float32))  # action dim 3 instead of 2
         env.chunk_step(np.zeros((2, 3, 2), np.float32))  # still usable afterwards
 
 
