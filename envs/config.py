@@ -32,5 +32,7 @@ class EnvConfig:
     """Observation mode: ``state``, ``rgb`` or ``state+rgb`` (pixels where the adapter supports them)."""
     image_size: int = 128
     """Side of rendered square camera images for pixel observations and videos."""
+    render_size: int = 256
+    """Side of the frames ``VecEnv.render()`` returns for videos (where the adapter can set it)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments passed to the env constructor (e.g. ``control_mode``)."""

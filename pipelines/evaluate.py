@@ -13,7 +13,7 @@ import torch
 from envs.base import to_numpy
 from envs.config import EnvConfig
 from envs.registry import make_vec_env
-from envs.video import VideoRecorder, frames_of
+from envs.video import record_episodes
 from policies.base import Policy
 
 
@@ -36,11 +36,8 @@ def evaluate_policy(
     n = max(1, min(num_envs or episodes, episodes))
     quota = np.array([episodes // n + (1 if i < episodes % n else 0) for i in range(n)])
     env = make_vec_env(dataclasses.replace(env_cfg, num_envs=n), seed=seed)
-    recorder = None
     try:
         obs = env.reset(seed=seed)
-        if video_dir is not None:
-            recorder = VideoRecorder(video_dir, name="eval", max_envs=min(n, 16))
         done_count = np.zeros(n, int)
         rows: list[dict[str, float]] = []
         low = getattr(env.action_space, "low", None)
@@ -50,22 +47,16 @@ def evaluate_policy(
             actions = out.actions.cpu().numpy()
             if low is not None:
                 actions = np.clip(actions, env.action_space.low, env.action_space.high)
-            frames = _frames(env, obs) if recorder is not None else None
             res = env.step(actions)
-            if frames is not None:
-                recorder.add_step(frames, res)
-            elif recorder is not None:  # the env cannot render: evaluate without a video
-                recorder.close()
-                recorder = None
             for i in np.flatnonzero(to_numpy(res.episodes.done)):
                 if done_count[i] < quota[i]:
                     rows.extend(r for r in _episode_row(res.episodes, i))
                     done_count[i] += 1
             obs = res.obs
     finally:
-        if recorder is not None:
-            recorder.close()
         env.close()
+    if video_dir is not None:
+        record_video(policy, env_cfg, Path(video_dir), seed, deterministic, device)
     returns = [r["return"] for r in rows]
     successes = [r["success"] for r in rows if "success" in r]
     return {
@@ -84,10 +75,36 @@ def _episode_row(stats, i: int) -> list[dict[str, float]]:
     return [row]
 
 
-def _frames(env, obs) -> np.ndarray | None:
-    """The frames to record for this step, or None (with a warning) when the env cannot render."""
+VIDEO_ENVS = 4
+
+
+@torch.no_grad()
+def record_video(
+    policy: Policy, env_cfg: EnvConfig, video_dir: Path, seed: int, deterministic: bool, device: torch.device | str,
+    num_envs: int = VIDEO_ENVS,
+) -> Path | None:
+    """One episode of ``num_envs`` envs as ``<video_dir>/eval.mp4`` (a grid with each env's return and
+    success drawn on it). Separate from the evaluation so that the evaluation never pays for
+    rendering; None, with a warning, when the env cannot render."""
+    cfg = dataclasses.replace(env_cfg, num_envs=num_envs)
+    low = None
+
+    def act(obs):
+        out = policy.act({k: torch.as_tensor(v, device=device) for k, v in obs.items()}, deterministic=deterministic)
+        actions = out.actions.cpu().numpy()
+        return np.clip(actions, low[0], low[1]) if low is not None else actions
+
     try:
-        return frames_of(env, obs)
+        env = make_vec_env(cfg, seed=seed)
     except Exception as err:  # a missing renderer must not cost the user the evaluation
         warnings.warn(f"no evaluation video: {err}", stacklevel=2)
         return None
+    try:
+        if hasattr(env.action_space, "low"):
+            low = (env.action_space.low, env.action_space.high)
+        return record_episodes(env, act, video_dir, name="eval", num_episodes=1, seed=seed, max_envs=num_envs)
+    except Exception as err:
+        warnings.warn(f"no evaluation video: {err}", stacklevel=2)
+        return None
+    finally:
+        env.close()

@@ -200,6 +200,7 @@ def _maniskill_kwargs(cfg: EnvConfig, sim_backend: str, num_envs: int) -> dict[s
     if sim_backend == "physx_cpu":
         kwargs.setdefault("render_backend", "cpu")
     kwargs.setdefault("render_mode", "rgb_array")  # VecEnv.render() for videos; costs only when called
+    kwargs.setdefault("human_render_camera_configs", {"width": cfg.render_size, "height": cfg.render_size})
     # Unseeded (auto-)resets then draw from each env's own seeded RNG instead of the process's
     # global torch RNG: episodes are reproducible and do not depend on how envs share processes.
     kwargs.setdefault("enhanced_determinism", True)

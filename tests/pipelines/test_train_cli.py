@@ -210,3 +210,26 @@ def test_replans_when_the_simulator_slows_down(tmp_path):
     replans = [r["plan/replanned"] for r in rows if r.get("plan/replanned")]
     assert replans, "no re-plan logged"
     assert "measured/profiled per call: env" in replans[0]
+
+
+@pytest.mark.slow
+def test_default_recipe_runs_on_maniskill_and_leaves_a_video(tmp_path):
+    """`embodied train` with no recipe is ManiSkill PushCube (a few iterations here): the real CPU
+    simulator in worker processes, a plan, an evaluation with success, and an mp4 of it."""
+    pytest.importorskip("mani_skill")
+    from tests.envs.conftest import vulkan_problem
+
+    problem = vulkan_problem()
+    if problem:
+        pytest.skip(problem)
+    run = tmp_path / "pushcube"
+    result = embodied(
+        "train", f"run.dir={run}", "env.num_envs=4", "algo.rollout_steps=50", "algo.total_env_steps=400",
+        "eval.episodes=2", "eval.num_envs=2", "eval.every=0", "logging.wandb=false",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    s = summary(run)
+    assert s["recipe"] == "maniskill_pushcube_ppo" and s["env_steps"] == 400
+    assert s["eval/success_rate"] is not None  # ManiSkill reports success
+    video = run / "videos" / "eval.mp4"
+    assert video.is_file() and video.stat().st_size > 10_000
