@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import yaml
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -30,7 +31,9 @@ def curve(run_dir: Path) -> dict[str, Any]:
     if summary.get("eval/success_rate") is not None:
         evals.append((summary["wall_s"], summary["env_steps"], summary["eval/success_rate"]))
     first_08 = next(((w, s) for w, s, v in evals if v >= 0.8), None)
-    return {"train": train, "eval": evals, "summary": summary,
+    config = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
+    deterministic = config.get("eval", {}).get("deterministic", True)
+    return {"train": train, "eval": evals, "summary": summary, "eval_deterministic": deterministic,
             "first_eval_success_ge_0.8": {"wall_s": first_08[0], "env_steps": first_08[1]} if first_08 else None}
 
 
@@ -41,7 +44,8 @@ def plot(data: dict[str, Any], path: Path, title: str) -> Path:
         ax.plot([x / 60 for x in w], v, color="#9ecae1", lw=1.2, label="train episodes (last 20)")
     if data["eval"]:
         w, _, v = zip(*data["eval"])
-        ax.plot([x / 60 for x in w], v, "o-", color="#08519c", lw=2, label="evaluation (deterministic)")
+        how = "mean action" if data["eval_deterministic"] else "sampled actions"
+        ax.plot([x / 60 for x in w], v, "o-", color="#08519c", lw=2, label=f"evaluation, 32 episodes ({how})")
     ax.axhline(0.8, color="#cb181d", ls="--", lw=1, label="target 0.8")
     ax.set_xlabel("wall time (minutes)")
     ax.set_ylabel("success rate")
