@@ -164,6 +164,17 @@ class VecEnv(ABC):
         assert result is not None
         return ChunkStepResult(result.obs, rewards, terminated, truncated, valid, final_obs, ep, info)
 
+    def check_step(self, actions: Array) -> Array:
+        """Validate one step's actions, shape (N, *action_shape); a clear error otherwise."""
+        shape = tuple(getattr(actions, "shape", np.shape(actions)))
+        act_shape = tuple(self.action_space.shape or ())
+        if shape != (self.num_envs, *act_shape):
+            raise UserError(
+                f"step expects actions of shape (num_envs={self.num_envs}, *{act_shape}), got {shape}. "
+                f"Check the policy's action dim against the env's action space {self.action_space}."
+            )
+        return actions
+
     def check_chunk(self, actions: Array) -> Array:
         """Validate a chunk's shape (N, C, *action_shape); a clear error otherwise."""
         shape = tuple(actions.shape)

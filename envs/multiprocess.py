@@ -28,6 +28,7 @@ Scripts that use this class must guard their entry point with ``if __name__ == "
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import pickle
@@ -641,32 +642,26 @@ def _concat_info(infos: Sequence[dict[str, Any]], sizes: Sequence[int]) -> dict[
 
 def concat_step_results(shards: Sequence[StepResult]) -> StepResult:
     """One StepResult of all envs from the shard results, in shard order."""
-    if len(shards) == 1:
-        return shards[0]
-    obs = [s.obs for s in shards]
-    return StepResult(
-        obs=concat_obs(obs),
-        reward=np.concatenate([s.reward for s in shards]),
-        terminated=np.concatenate([s.terminated for s in shards]),
-        truncated=np.concatenate([s.truncated for s in shards]),
-        final_obs=_concat_final([s.final_obs for s in shards], obs),
-        episodes=_concat_episodes([s.episodes for s in shards]),
-        info=_concat_info([s.info for s in shards], [len(s.reward) for s in shards]),
-    )
+    return _concat_results(StepResult, shards, [len(s.reward) for s in shards])
 
 
 def concat_chunk_results(shards: Sequence[ChunkStepResult]) -> ChunkStepResult:
     """One ChunkStepResult of all envs from the shard results, in shard order."""
+    return _concat_results(ChunkStepResult, shards, [len(s.rewards) for s in shards])
+
+
+def _concat_results(cls: type, shards: Sequence[Any], sizes: list[int]) -> Any:
+    """Concatenate every field of per-shard results along the env axis."""
     if len(shards) == 1:
         return shards[0]
     obs = [s.obs for s in shards]
-    return ChunkStepResult(
-        obs=concat_obs(obs),
-        rewards=np.concatenate([s.rewards for s in shards]),
-        terminated=np.concatenate([s.terminated for s in shards]),
-        truncated=np.concatenate([s.truncated for s in shards]),
-        valid=np.concatenate([s.valid for s in shards]),
-        final_obs=_concat_final([s.final_obs for s in shards], obs),
-        episodes=_concat_episodes([s.episodes for s in shards]),
-        info=_concat_info([s.info for s in shards], [len(s.rewards) for s in shards]),
-    )
+    special = {
+        "obs": lambda: concat_obs(obs),
+        "final_obs": lambda: _concat_final([s.final_obs for s in shards], obs),
+        "episodes": lambda: _concat_episodes([s.episodes for s in shards]),
+        "info": lambda: _concat_info([s.info for s in shards], sizes),
+    }
+    return cls(**{
+        f.name: special[f.name]() if f.name in special else np.concatenate([getattr(s, f.name) for s in shards])
+        for f in dataclasses.fields(cls)
+    })

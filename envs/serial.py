@@ -90,32 +90,16 @@ class SerialVecEnv(VecEnv):
         return self._stack([self._reset_one(i, None if seed is None else seed + i) for i in range(self.num_envs)])
 
     def step(self, actions: Any) -> StepResult:
-        actions = to_numpy(actions)
-        n = self.num_envs
-        rows: list[dict[str, np.ndarray]] = []
-        reward = np.zeros(n, np.float32)
-        terminated = np.zeros(n, bool)
-        truncated = np.zeros(n, bool)
-        success = np.zeros(n, bool)
-        episodes = EpisodeStats(np.zeros(n, bool), np.zeros(n, np.float32), np.zeros(n, np.int64), None)
-        final_rows: dict[int, dict[str, np.ndarray]] = {}
-        for i in range(n):
-            obs, r, term, trunc, succ = self._step_one(i, actions[i])
-            reward[i], terminated[i], truncated[i] = r, term, trunc
-            success[i] = bool(succ)
-            if term or trunc:
-                self._finish_episode(i, succ, episodes)
-                final_rows[i] = obs
-                obs = self._reset_one(i)
-            rows.append(obs)
+        """One step is a chunk of one action: the same per-env loop, auto-reset and episode stats."""
+        chunk = self.chunk_step(to_numpy(self.check_step(actions))[:, None])
         return StepResult(
-            obs=self._stack(rows),
-            reward=reward,
-            terminated=terminated,
-            truncated=truncated,
-            final_obs=self._final(final_rows, rows),
-            episodes=self._with_success(episodes),
-            info={"success": success} if self._has_success else {},
+            obs=chunk.obs,
+            reward=chunk.rewards[:, 0],
+            terminated=chunk.terminated[:, 0],
+            truncated=chunk.truncated[:, 0],
+            final_obs=chunk.final_obs,
+            episodes=chunk.episodes,
+            info=chunk.info,
         )
 
     def chunk_step(self, actions: Any) -> ChunkStepResult:
