@@ -21,7 +21,7 @@ import numpy as np
 
 from embodied.checkpoint import load_checkpoint, save_checkpoint
 from embodied.config import to_dict
-from embodied.metrics import MetricsLogger
+from embodied.metrics import MetricsLogger, read_metrics
 from embodied.progress import Progress
 from embodied.runtime import Channel, Cluster, RankResources, WorkerGroup, wait_all
 from embodied.seeding import seed_everything
@@ -281,7 +281,7 @@ class EmbodiedPPO:
                 "wall_s": wall_s,
                 "train/episode_return": last.get("train/episode_return"),
                 "train/success_rate": last.get("train/success_rate"),
-                "perf/env_steps_per_s": float(np.mean(self._throughputs())) if self._throughputs() else None,
+                "perf/env_steps_per_s": self._mean_throughput(),
                 **final_eval,
             }
             logger.summary(summary)
@@ -306,10 +306,10 @@ class EmbodiedPPO:
             (self.run.path / "profile.json").write_text(json.dumps(self.profile.to_dict(), indent=2))
         (self.run.path / "plan.json").write_text(json.dumps(data, indent=2))
 
-    def _throughputs(self) -> list[float]:
-        from embodied.metrics import read_metrics
-
-        return [r["perf/env_steps_per_s"] for r in read_metrics(self.run.path) if r.get("perf/env_steps_per_s")]
+    def _mean_throughput(self) -> float | None:
+        """Mean env steps/s over every iteration of the run (resumed ones included)."""
+        rates = [r["perf/env_steps_per_s"] for r in read_metrics(self.run.path) if r.get("perf/env_steps_per_s")]
+        return float(np.mean(rates)) if rates else None
 
     def checkpoint(self, wall_s: float) -> Path:
         state = self.actor.call("state").result()

@@ -28,6 +28,7 @@ from embodied.offload import Offloader
 from embodied.profiler import Probe, cache_key, hardware_fingerprint, load_cached, store_cached, time_call
 from embodied.runtime import Channel, Cluster, RankResources, Worker, WorkerGroup, wait_all
 from envs.base import to_numpy
+from envs.multiprocess import MultiprocessVecEnv
 from envs.registry import make_vec_env
 from pipelines.config import TrainConfig
 from pipelines.workers import to_torch
@@ -85,14 +86,13 @@ def _probe_env(cfg: TrainConfig, cores: int, log) -> tuple[Probe, dict[str, np.n
     """Time one VecEnv.step at chunk sizes N, N/2, N/4 (one process) and N over all cores."""
     probe = Probe("env")
     n = cfg.env.num_envs
-    parallel = cfg.env.backend == "multiprocess" or (cfg.env.backend == "auto" and cfg.env.id not in _gym_ids())
     obs_sample = action_space = obs_space = None
     shapes = [(b, 1) for b in _probe_sizes(n)]
-    if parallel and cores > 1 and n > 1:
-        shapes.append((n, min(cores, n)))
-    for b, procs in shapes:
+    for b, procs in shapes:  # grows by one multi-process probe when the backend runs processes
         env_cfg = dataclasses.replace(cfg.env, num_envs=b, num_procs=procs)
         env = make_vec_env(env_cfg, seed=cfg.seed)
+        if isinstance(env, MultiprocessVecEnv) and cores > 1 and n > 1 and (n, min(cores, n)) not in shapes:
+            shapes.append((n, min(cores, n)))
         try:
             obs = env.reset(seed=cfg.seed)
             if obs_sample is None:
@@ -116,12 +116,6 @@ def _probe_env(cfg: TrainConfig, cores: int, log) -> tuple[Probe, dict[str, np.n
         # one process cannot use more cores: tell the fit that more devices do not help
         probe.add(n, max(2, cores), next(t for b, _, t in probe.samples if b == n))
     return probe, obs_sample, obs_space, action_space
-
-
-def _gym_ids() -> set[str]:
-    import gymnasium as gym
-
-    return set(gym.registry)
 
 
 def _probe_rollout(cfg: TrainConfig, policy, obs, cores: int, log) -> Probe:

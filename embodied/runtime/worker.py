@@ -13,7 +13,6 @@ group, the rank, the method and the original exception.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -395,6 +394,3 @@ class WorkerGroup(Generic[W]):
     def __repr__(self) -> str:
         return f"WorkerGroup({self.name}, ranks={self.num_ranks}, backend={self.backend})"
 
-
-# Guard for code that must not run concurrently within a process (e.g. first torch import).
-import_lock = threading.Lock()
