@@ -126,10 +126,10 @@ def _options(kwargs: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-def _image_shape(space: gym.spaces.Space, key: str) -> tuple[int, int, int]:
+def _image_shape(space: gym.spaces.Space, key: str, policy: str = "cnn") -> tuple[int, int, int]:
     shape = tuple(space.shape or ())
     if len(shape) != 3:
-        raise UserError(f"policy 'cnn' expects {key!r} frames of shape (H, W, C), the env declares {shape}.")
+        raise UserError(f"policy {policy!r} expects {key!r} frames of shape (H, W, C), the env declares {shape}.")
     return int(shape[0]), int(shape[1]), int(shape[2])
 
 

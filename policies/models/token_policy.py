@@ -142,7 +142,7 @@ class TokenActionPolicy(Policy):
             )
         # ModuleDict names may not contain '.'; see cnn._module_name.
         self.patch_embeddings = nn.ModuleDict({
-            _module_name(key): PatchEmbedding(_image_shape(observation_space[key], key), options["patch_size"], d_model)
+            _module_name(key): PatchEmbedding(_image_shape(observation_space[key], key, "token_transformer"), options["patch_size"], d_model)
             for key in self.cameras
         })
         self.state_dim = int(np.prod(observation_space["state"].shape)) if self.has_state else 0
