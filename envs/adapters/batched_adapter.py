@@ -61,23 +61,6 @@ Tensor = "torch.Tensor"
 TorchObs = dict[str, "torch.Tensor"]
 
 
-class TorchEpisodeStats(EpisodeStats):
-    """:class:`EpisodeStats` whose arrays are torch tensors on the env's device."""
-
-    def finished(self) -> list[dict[str, float]]:
-        done = self.done.detach().cpu().numpy()
-        returns = self.episode_return.detach().cpu().numpy()
-        lengths = self.length.detach().cpu().numpy()
-        success = None if self.success is None else self.success.detach().cpu().numpy()
-        rows = []
-        for i in np.flatnonzero(done):
-            row = {"return": float(returns[i]), "length": int(lengths[i])}
-            if success is not None:
-                row["success"] = float(success[i])
-            rows.append(row)
-        return rows
-
-
 def is_batched_env_class(obj: Any) -> bool:
     """Whether ``obj`` is a class that follows the batched protocol (``is_vector_env = True``)."""
     return isinstance(obj, type) and bool(getattr(obj, "is_vector_env", False))
@@ -185,7 +168,7 @@ class BatchedVecEnv(VecEnv):
 
         self._returns += reward
         self._lengths += 1
-        episodes = TorchEpisodeStats(done, self._returns.clone(), self._lengths.clone(), None)
+        episodes = EpisodeStats(done, self._returns.clone(), self._lengths.clone(), None)
         if self._has_success:
             episodes.success = success if success is not None else torch.zeros_like(done)
         self._returns.masked_fill_(done, 0.0)
@@ -228,7 +211,7 @@ class BatchedVecEnv(VecEnv):
         truncated = torch.zeros((n, c), dtype=torch.bool, device=dev)
         valid = torch.zeros((n, c), dtype=torch.bool, device=dev)
         ended = torch.zeros(n, dtype=torch.bool, device=dev)
-        episodes = TorchEpisodeStats(
+        episodes = EpisodeStats(
             torch.zeros(n, dtype=torch.bool, device=dev),
             torch.zeros(n, dtype=torch.float32, device=dev),
             torch.zeros(n, dtype=torch.int64, device=dev),

@@ -10,15 +10,6 @@ from torch import nn
 from embodied.offload import CATEGORIES, Offloader
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny tensors on a shared 2-core machine: intra-op threads only add contention."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def build(device: str = "cpu", width: int = 16, depth: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
     # BatchNorm brings float buffers and an int64 one (num_batches_tracked).

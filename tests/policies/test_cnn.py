@@ -17,15 +17,6 @@ BOX = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 DISCRETE = gym.spaces.Discrete(5)
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Small convolutions on a shared 2-core machine: intra-op threads only add contention."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def obs_space(
     size: int = 64, state_dim: int | None = None, extra_cameras: dict[str, int] | None = None
 ) -> gym.spaces.Dict:

@@ -18,15 +18,6 @@ BOX_2D = gym.spaces.Box(-1.0, 1.0, (2, 3), np.float32)
 DISCRETE = gym.spaces.Discrete(4)
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny matmuls on a shared 2-core machine: intra-op threads only add contention."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make(action_space: gym.spaces.Space, space: gym.spaces.Dict = STATE, **cfg) -> MLPActorCritic:
     torch.manual_seed(0)
     policy = build_policy(PolicyConfig(name="mlp", **cfg), space, action_space)
