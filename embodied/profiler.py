@@ -36,9 +36,11 @@ def time_call(fn: Callable[[], Any], warmup: int = 2, repeats: int = 5) -> float
 class Probe:
     """Collects ``(batch, n_devices, seconds)`` samples of one component and fits its cost."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, scaling_exponent: float | None = None) -> None:
         self.name = name
         self.samples: list[tuple[int, int, float]] = []
+        #: known device scaling (e.g. 0.0: runs in one process whatever it is given); None: fitted
+        self.scaling_exponent = scaling_exponent
 
     def add(self, batch: int, n_devices: int, seconds: float) -> None:
         self.samples.append((int(batch), int(n_devices), float(seconds)))
@@ -46,7 +48,7 @@ class Probe:
     def fit(self) -> CostModel:
         if not self.samples:
             raise ValueError(f"probe {self.name!r} has no samples")
-        return fit_cost_model(self.samples)
+        return fit_cost_model(self.samples, self.scaling_exponent)
 
 
 def hardware_fingerprint() -> dict[str, Any]:

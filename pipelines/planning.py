@@ -113,8 +113,7 @@ def _probe_env(cfg: TrainConfig, cores: int, log) -> tuple[Probe, dict[str, np.n
         probe.add(b, procs, seconds)
         log(f"  env     batch {b:>4} on {procs} core(s): {seconds * 1e3:8.2f} ms/step")
     if not any(procs > 1 for _, procs in shapes):
-        # one process cannot use more cores: tell the fit that more devices do not help
-        probe.add(n, max(2, cores), next(t for b, _, t in probe.samples if b == n))
+        probe.scaling_exponent = 0.0  # one process cannot use more cores: more devices do not help
     return probe, obs_sample, obs_space, action_space
 
 

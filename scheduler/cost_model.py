@@ -66,8 +66,13 @@ class CostModel:
         return cls(**{k: float(v) for k, v in data.items()})
 
 
-def fit_cost_model(samples: Sequence[tuple[int, int, float]]) -> CostModel:
+def fit_cost_model(
+    samples: Sequence[tuple[int, int, float]], scaling_exponent: float | None = None
+) -> CostModel:
     """Fit a :class:`CostModel` to probes ``(batch, n_devices, seconds)``; pure and deterministic.
+
+    ``scaling_exponent`` given (known from how the component runs, e.g. 0.0 for a simulator that steps
+    in one process) fixes the exponent and fits only ``fixed_s`` and ``per_item_s``.
 
     Minimises the sum of squared relative errors with ``fixed_s, per_item_s >= 0`` and the exponent
     in [0, 1]. Degenerate probe sets get documented defaults instead of an error:
@@ -85,6 +90,11 @@ def fit_cost_model(samples: Sequence[tuple[int, int, float]]) -> CostModel:
                 f"bad probe (batch={batch}, n_devices={n_devices}, seconds={seconds}): "
                 "need batch >= 1, n_devices >= 1 and finite seconds >= 0"
             )
+    if scaling_exponent is not None:
+        if not 0.0 <= scaling_exponent <= 1.0:
+            raise ValueError(f"scaling_exponent must lie in [0, 1], got {scaling_exponent}")
+        fixed_s, per_item_s, _ = _fit_linear(samples, scaling_exponent)
+        return CostModel(fixed_s, per_item_s, scaling_exponent)
     if len({n for _, n, _ in samples}) == 1:
         fixed_s, per_item_s, _ = _fit_linear(samples, 1.0)
         return CostModel(fixed_s, per_item_s, 1.0)

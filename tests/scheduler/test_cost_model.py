@@ -66,3 +66,14 @@ def test_cost_model_json_round_trip():
     assert CostModel.from_dict(model.to_dict()) == model
     with pytest.raises(ValueError, match="unknown key"):
         CostModel.from_dict({"fixed": 1.0})
+
+
+def test_fit_with_a_known_exponent_fits_only_the_line():
+    # noisy single-process probes: the exponent is known (0), not guessed from the noise
+    samples = [(8, 1, 0.081), (4, 1, 0.039), (2, 1, 0.021)]
+    fitted = fit_cost_model(samples, scaling_exponent=0.0)
+    assert fitted.scaling_exponent == 0.0
+    assert fitted.per_item_s == pytest.approx(0.01, rel=0.1)
+    assert fitted.time_s(8, 4) == fitted.time_s(8, 1)
+    with pytest.raises(ValueError, match="scaling_exponent"):
+        fit_cost_model(samples, scaling_exponent=2.0)
