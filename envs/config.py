@@ -28,6 +28,10 @@ class EnvConfig:
     0 = one per available core, at most one per env. The M2Flow plan sets it from the env's cores."""
     max_episode_steps: int | None = None
     """Time limit (truncation); None keeps the task's default."""
+    ignore_terminations: bool = False
+    """Run every episode to its time limit, ignoring the task's ``terminated`` (ManiSkill's
+    ``ignore_terminations``): success is then success at the episode's end, and a policy is rewarded
+    for holding the goal rather than for touching it once."""
     obs_mode: str = "state"
     """Observation mode: ``state``, ``rgb`` or ``state+rgb`` (pixels where the adapter supports them)."""
     image_size: int = 128

@@ -307,6 +307,13 @@ def make_batched(cfg: EnvConfig, seed: int) -> BatchedVecEnv:
                 "parameter; batched envs apply their own time limit."
             )
         kwargs["max_episode_steps"] = cfg.max_episode_steps
+    if cfg.ignore_terminations:
+        if "ignore_terminations" not in params and not accepts_any:
+            raise UserError(
+                f"env.ignore_terminations=true but {cls.__name__}.__init__ has no 'ignore_terminations' "
+                "parameter; a batched env resets its own envs, so it must implement this itself."
+            )
+        kwargs["ignore_terminations"] = True
     env = cls(num_envs=cfg.num_envs, **kwargs)
     if int(env.num_envs) != cfg.num_envs:
         raise UserError(f"{cls.__name__} was built with num_envs={cfg.num_envs} but reports {env.num_envs}.")

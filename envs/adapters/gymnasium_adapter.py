@@ -31,6 +31,7 @@ from envs.config import EnvConfig
 from envs.multiprocess import MultiprocessVecEnv
 from envs.registry import register_adapter
 from envs.serial import SerialVecEnv
+from envs.wrappers import WithoutTerminations
 
 OBS_MODES = ("state", "rgb", "state+rgb")
 BACKENDS = ("auto", "inprocess", "multiprocess")
@@ -181,7 +182,10 @@ def default_num_procs(cfg: EnvConfig) -> int:
 
 
 def vectorize(env_fns: list, cfg: EnvConfig, backend: str, instructions: list[str] | None = None) -> VecEnv:
-    """The VecEnv of ``env_fns`` on ``backend`` (``inprocess`` or ``multiprocess``)."""
+    """The VecEnv of ``env_fns`` on ``backend`` (``inprocess`` or ``multiprocess``); applies the
+    config's single-env wrappers (``ignore_terminations``)."""
+    if cfg.ignore_terminations:
+        env_fns = [WithoutTerminations(fn) for fn in env_fns]
     if backend == "inprocess":
         return SerialVecEnv(env_fns, instructions)
     return MultiprocessVecEnv(env_fns, default_num_procs(cfg), instructions)

@@ -346,7 +346,9 @@ class ManiSkillGPUVecEnv(VecEnv):
 
         self.num_envs = cfg.num_envs
         env = _make_maniskill(cfg, "physx_cuda", cfg.num_envs)
-        self.env = ManiSkillVectorEnv(env, cfg.num_envs, auto_reset=True, ignore_terminations=False, record_metrics=False)
+        self.env = ManiSkillVectorEnv(
+            env, cfg.num_envs, auto_reset=True, ignore_terminations=cfg.ignore_terminations, record_metrics=False
+        )
         self.device = str(self.env.device)
         self.obs_mode = cfg.obs_mode
         self.observation_space, self.cameras = contract_space(self.env.single_observation_space, cfg.obs_mode)
