@@ -7,7 +7,9 @@ some component uses are used: in this model more devices never make a component 
 scaling exponent is >= 0) nor need more memory per device, so leaving one idle never helps.
 
 * ``colocated``: every component on all devices of its class; components take turns.
-* ``disaggregated``: components on pairwise disjoint device sets.
+* ``disaggregated``: the trainer components (the workflow's ``hybrid_shared``) on devices of their own;
+  the others on pairwise disjoint device sets, or together on one set where they take turns (the
+  generation side on its devices, training on others: what lets training overlap the next collection).
 * ``hybrid``: the workflow's ``hybrid_shared`` components (the actor) on all devices of their
   class; the others on pairwise disjoint sets that the shared ones overlap.
 """
@@ -43,22 +45,36 @@ def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
 
 def _disjoint(components: tuple[str, ...], profile: Profile, resources: Resources) -> Iterator[Placement]:
     """Placements of ``components`` on pairwise disjoint devices, using every device of a used class."""
-    for classes in product(*(eligible_classes(c, profile, resources) for c in components)):
-        groups: dict[DeviceClass, list[str]] = {}
-        for component, cls in zip(components, classes):
-            groups.setdefault(cls, []).append(component)
+    yield from _disjoint_groups(tuple((c,) for c in components), profile, resources)
+
+
+def _disjoint_groups(
+    groups: tuple[tuple[str, ...], ...], profile: Profile, resources: Resources
+) -> Iterator[Placement]:
+    """Placements where each group of components gets its own devices (pairwise disjoint between
+    groups, shared within a group), using every device of a used class."""
+
+    def eligible(group: tuple[str, ...]) -> list[DeviceClass]:
+        return [c for c in eligible_classes(group[0], profile, resources)
+                if all(c in eligible_classes(m, profile, resources) for m in group[1:])]
+
+    for classes in product(*(eligible(g) for g in groups)):
+        by_class: dict[DeviceClass, list[tuple[str, ...]]] = {}
+        for group, cls in zip(groups, classes):
+            by_class.setdefault(cls, []).append(group)
         per_class = [
             [(cls, members, counts) for counts in compositions(len(cls.indices), len(members))]
-            for cls, members in groups.items()
+            for cls, members in by_class.items()
         ]
         for choice in product(*per_class):
             placement: Placement = {}
             for cls, members, counts in choice:
                 start = 0
-                for component, count in zip(members, counts):
-                    placement[component] = cls.indices[start : start + count]
+                for group, count in zip(members, counts):
+                    for component in group:
+                        placement[component] = cls.indices[start : start + count]
                     start += count
-            yield {c: placement[c] for c in components}
+            yield {c: placement[c] for g in groups for c in g}
 
 
 def colocated(spec: WorkflowKind, profile: Profile, resources: Resources) -> Iterator[Placement]:
@@ -68,6 +84,11 @@ def colocated(spec: WorkflowKind, profile: Profile, resources: Resources) -> Ite
 
 def disaggregated(spec: WorkflowKind, profile: Profile, resources: Resources) -> Iterator[Placement]:
     yield from _disjoint(spec.components, profile, resources)
+    trainers = tuple(c for c in spec.components if c in spec.hybrid_shared)
+    others = tuple(c for c in spec.components if c not in spec.hybrid_shared)
+    if trainers and len(others) > 1:  # the generation side together, each trainer on its own devices
+        for placement in _disjoint_groups((others, *((t,) for t in trainers)), profile, resources):
+            yield {c: placement[c] for c in spec.components}
 
 
 def hybrid(spec: WorkflowKind, profile: Profile, resources: Resources) -> Iterator[Placement]:

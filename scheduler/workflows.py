@@ -13,6 +13,9 @@ Kinds live in :data:`WORKFLOW_KINDS` (a registry of builder specs, no if/elif on
     chunk's ``rollout tT``, the actor trains ``train_epochs`` epochs on all
     ``num_envs * rollout_steps`` samples (PPO needs the whole batch before its first epoch), in
     calls of ``train_microbatch`` samples. Then weights sync to the rollout workers.
+    With ``train_overlap`` (steady state of one-step-stale training, ``algo.staleness=1``) the actor
+    trains on the *previous* iteration's samples, so its epochs wait for no message of this
+    iteration: they start as soon as their devices are free, and the weight sync follows both.
 
 ``reasoning``
     Per chunk c (a set of whole prompts, i.e. whole GRPO groups): ``rollout c`` generates
@@ -52,6 +55,9 @@ class Workflow:
     """Passes of the actor over the iteration's samples."""
     train_minibatch: int | None = None
     """embodied: samples per optimizer step (PPO minibatch); None = all. Micro-batches never cross it."""
+    train_overlap: bool = False
+    """embodied: the actor trains on the previous iteration's samples while this iteration's are
+    collected (one weight version of staleness). Only devices the actor does not share can overlap."""
 
     def __post_init__(self) -> None:
         spec = workflow_kind(self.kind)
@@ -61,10 +67,11 @@ class Workflow:
 
     @classmethod
     def embodied(
-        cls, num_envs: int, rollout_steps: int, train_epochs: int = 1, train_minibatch: int | None = None
+        cls, num_envs: int, rollout_steps: int, train_epochs: int = 1, train_minibatch: int | None = None,
+        train_overlap: bool = False,
     ) -> Workflow:
         return cls("embodied", num_envs=num_envs, rollout_steps=rollout_steps, train_epochs=train_epochs,
-                   train_minibatch=train_minibatch)
+                   train_minibatch=train_minibatch, train_overlap=train_overlap)
 
     @classmethod
     def reasoning(cls, num_prompts: int, group_size: int, train_epochs: int = 1) -> Workflow:
@@ -190,7 +197,7 @@ def _embodied_build(w: Workflow, plan: Plan, profile: Profile) -> list[Task]:
     minibatches = call_sizes(samples, w.train_minibatch)
     calls = [b for mb in minibatches for b in call_sizes(mb, plan.train_microbatch)]
     epoch_s = sum(actor.cost.time_s(b, len(actor_devices)) for b in calls)
-    deps: tuple[Dep, ...] = trajectories
+    deps: tuple[Dep, ...] = () if w.train_overlap else trajectories  # overlap: last iteration's samples
     for e in range(w.train_epochs):
         name = f"actor epoch {e}"
         tasks.append(Task(name, "actor", actor_devices, epoch_s, deps, (1, WORK, e, 0, 0)))
@@ -202,7 +209,7 @@ def _embodied_build(w: Workflow, plan: Plan, profile: Profile) -> list[Task]:
 
 
 def _reasoning_validate(w: Workflow) -> None:
-    _require_positive(w, ("num_prompts", "group_size"), ("num_envs", "rollout_steps", "train_minibatch"))
+    _require_positive(w, ("num_prompts", "group_size"), ("num_envs", "rollout_steps", "train_minibatch", "train_overlap"))
 
 
 def _reasoning_memory_items(w: Workflow, num_chunks: int, microbatch: int | None) -> dict[str, int]:

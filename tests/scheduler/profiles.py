@@ -36,7 +36,7 @@ def random_instance(seed: int, kind: str = "embodied") -> tuple[Workflow, Profil
     rng = random.Random(seed)
     if kind == "embodied":
         workflow = Workflow.embodied(num_envs=rng.randint(1, 6), rollout_steps=rng.randint(1, 3),
-                                     train_epochs=rng.randint(1, 2))
+                                     train_epochs=rng.randint(1, 2), train_overlap=rng.random() < 0.5)
         names = ("env", "rollout", "actor")
     else:
         workflow = Workflow.reasoning(num_prompts=rng.randint(1, 5), group_size=rng.randint(1, 3),

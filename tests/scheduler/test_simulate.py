@@ -279,3 +279,28 @@ def test_cross_process_messages_pay_latency_between_colocated_components():
     assert times["env t0 c0"] == pytest.approx((1.1, 2.1))
     assert times["actor epoch 0"] == pytest.approx((3.3, 3.8))
     assert timeline.makespan_s == pytest.approx(3.9)
+
+
+def test_train_overlap_by_hand():
+    # 2 envs x 2 steps, one chunk. env: 0.1 s/env (one process) -> 0.2 s per step; rollout 0.05 s per
+    # call (3 calls: 2 steps + bootstrap); actor 0.2 s/sample on 4 samples -> 0.8 s. Messages are free.
+    prof = profile(component("env", 0.0, 0.1, 0.0), component("rollout", 0.05, 0.0, 0.0),
+                   component("actor", 0.0, 0.2, 0.0))
+    resources = Resources.cpu_cores(2, 8.0)
+    apart = _plan("disaggregated", {"env": (0,), "rollout": (0,), "actor": (1,)}, 1)
+    shared = _plan("hybrid", {"env": (0,), "rollout": (1,), "actor": (0, 1)}, 1)
+    sync, overlap = Workflow.embodied(2, 2), Workflow.embodied(2, 2, train_overlap=True)
+    # collection 0.05 + 0.2 + 0.05 + 0.2 + 0.05 = 0.55 s on core 0; training 0.8 s
+    assert simulate(apart, prof, sync, resources).makespan_s == pytest.approx(0.55 + 0.8)
+    timeline = simulate(apart, prof, overlap, resources)
+    assert timeline.makespan_s == pytest.approx(0.8)  # training on core 1 from t=0, beside collection
+    assert _times(timeline)["actor epoch 0"] == pytest.approx((0.0, 0.8))
+    # an actor that shares the collection's devices cannot overlap: the same makespan as without
+    assert simulate(shared, prof, overlap, resources).makespan_s == pytest.approx(
+        simulate(shared, prof, sync, resources).makespan_s)
+
+
+def test_train_overlap_is_embodied_only():
+    with pytest.raises(ValueError, match="does not use train_overlap"):
+        Workflow("reasoning", num_prompts=2, group_size=2, train_overlap=True)
+    assert Workflow.from_dict(Workflow.embodied(2, 2, train_overlap=True).to_dict()).train_overlap
