@@ -62,6 +62,17 @@ class PPOConfig:
     """Normalize advantages per minibatch."""
     reward_scale: float = 1.0
     """Multiply rewards by this before GAE."""
+    bootstrap_terminated: bool = False
+    """Bootstrap from the value of the final observation on termination too, as ManiSkill's own PPO
+    baselines do. For tasks that terminate on *success* this values reaching the goal like staying
+    there, not like a dead end (with a small gamma an agent otherwise learns to hover next to the
+    goal, collecting shaped reward). Leave it off where termination means failure (falling over)."""
+    staleness: int = 0
+    """Weight versions the rollout may lag behind the trainer. 0: strictly on-policy (collect, then
+    train). 1: the trainer updates on the previous iteration's trajectories while the next ones are
+    collected with weights one version behind, so training overlaps simulation and inference (PPO's
+    ratio to the behaviour policy's log-probs accounts for the lag); the planner then gives the
+    trainer devices of its own where that is faster."""
 
 
 @dataclass
@@ -168,6 +179,8 @@ class TrainConfig:
             problems.append(f"algo.rollout_steps must be >= 1 (got {self.algo.rollout_steps})")
         if self.algo.num_minibatches < 1:
             problems.append(f"algo.num_minibatches must be >= 1 (got {self.algo.num_minibatches})")
+        if self.algo.staleness not in (0, 1):
+            problems.append(f"algo.staleness must be 0 (on-policy) or 1 (train beside the next collection), got {self.algo.staleness}")
         if self.algo.dual_clip is not None and self.algo.dual_clip <= 1:
             problems.append(f"algo.dual_clip must be > 1 (got {self.algo.dual_clip})")
         if self.plan.chunks is not None and not 1 <= self.plan.chunks <= self.env.num_envs:

@@ -50,6 +50,8 @@ class EmbodiedPPO:
         self._drift: deque[dict[str, Any]] = deque(maxlen=REPLAN_WINDOW)
         self.iteration = 0
         self.env_steps = 0
+        self._told_unchanged = False  # a drift that re-planning could not remove was logged
+        self._pending = False  # staleness 1: the last collection's trajectories await training
         self.wall_s_before = 0.0
         # train/* episode metrics average the last RETURN_WINDOW finished episodes: the episodes that
         # finish inside one iteration alone are biased towards short ones.
@@ -142,7 +144,11 @@ class EmbodiedPPO:
 
     # --- the macro flow --------------------------------------------------------------------------
     def iterate(self) -> dict[str, Any]:
-        """One iteration: sync weights, collect T steps from every env, train."""
+        """One iteration: sync weights, collect T steps from every env, train.
+
+        With ``algo.staleness=1`` the trainer updates on the previous iteration's trajectories while
+        this iteration's are collected (the first iteration only collects; the last one also trains
+        on what it collected, so no batch is left untrained)."""
         cfg = self.cfg
         t0 = time.perf_counter()
         weights = self.actor.call("export_weights")
@@ -150,9 +156,19 @@ class EmbodiedPPO:
         t_sync = time.perf_counter()
         env_f = self.env.call("interact", cfg.algo.rollout_steps, self.obs_channel, self.action_channel)
         roll_f = self.rollout.call("generate", cfg.algo.rollout_steps, self.obs_channel, self.action_channel, self.traj_channel)
+        overlap = cfg.algo.staleness > 0
+        train_f = self._train_call() if overlap and self._pending else None
         wait_all(env_f, roll_f)
         t_rollout = time.perf_counter()
-        stats = self.actor.call("train", self.traj_channel, self.rollout.num_ranks, self._lr()).result()
+        stats: dict[str, Any] = {}
+        if train_f is not None:
+            stats = train_f.result()
+        last = self.iteration + 1 >= self.total_iterations
+        if not overlap or last:
+            stats = self._train_call().result()
+            self._pending = False
+        else:
+            self._pending = True
         t_train = time.perf_counter()
 
         env_out, roll_out = env_f.wait(), roll_f.wait()
@@ -169,6 +185,7 @@ class EmbodiedPPO:
             "perf/rollout_env_steps_per_s": steps / (t_rollout - t_sync),
             "time/sync_s": t_sync - t0,
             "time/rollout_s": t_rollout - t_sync,
+            "time/overlap_wait_s": t_train - t_rollout if overlap else None,
             "time/iteration_s": t_train - t0,
             "time/sim_s": float(np.mean([o["sim_s"] for o in env_out])),
             "time/infer_s": float(np.mean([o["infer_s"] for o in roll_out])),
@@ -178,9 +195,16 @@ class EmbodiedPPO:
             "weights/version": roll_out[0]["version"],
             **stats,
         }
-        if self.profile is not None:
+        if self.profile is not None and "time/train_s" in stats:
             metrics["plan/measured_over_predicted"] = metrics["time/iteration_s"] / self.layout.plan.predicted_iteration_s
         return metrics
+
+    def _train_call(self):
+        return self.actor.call("train", self.traj_channel, self.rollout.num_ranks, self._lr())
+
+    @property
+    def total_iterations(self) -> int:
+        return math.ceil(self.cfg.algo.total_env_steps / self.cfg.steps_per_iteration)
 
     def maybe_replan(self, metrics: dict[str, Any], log=print) -> str | None:
         """Re-plan when measured iteration times drift from the prediction: once the median of
@@ -188,7 +212,7 @@ class EmbodiedPPO:
         each component's profiled cost by its measured median, plan again, and apply the new plan
         if it differs. Returns the reason (logged), or None."""
         cfg = self.cfg
-        if self.profile is None or cfg.plan.replan_threshold <= 0:
+        if self.profile is None or cfg.plan.replan_threshold <= 0 or "plan/measured_over_predicted" not in metrics:
             return None
         self._drift.append(metrics)
         if len(self._drift) < REPLAN_WINDOW:
@@ -210,9 +234,13 @@ class EmbodiedPPO:
         if (new_layout.plan.mode, new_layout.plan.placement, new_layout.num_chunks) != (old.mode, old.placement, old.num_chunks):
             self.layout = new_layout
             self._apply_layout()
+            self._told_unchanged = False
             reason += f"; re-planned: {old.mode}/{old.num_chunks} chunks -> {result.best.mode}/{result.best.num_chunks} chunks"
         else:
             self.layout = new_layout
+            if self._told_unchanged:  # said once; repeating it every window is noise
+                return None
+            self._told_unchanged = True
             reason += f"; plan unchanged, prediction now {result.best.predicted_iteration_s:.3f} s"
         log(f"[m2flow] {reason}")
         return reason
@@ -239,7 +267,7 @@ class EmbodiedPPO:
     def train(self) -> dict[str, Any]:
         cfg = self.cfg
         seed_everything(cfg.seed)
-        total_iters = math.ceil(cfg.algo.total_env_steps / cfg.steps_per_iteration)
+        total_iters = self.total_iterations
         logger = MetricsLogger(
             self.run.path, to_dict(cfg), cfg.logging.tensorboard, cfg.logging.wandb,
             cfg.logging.wandb_project, cfg.logging.wandb_mode, resume=cfg.resume is not None,

@@ -54,6 +54,7 @@ def workflow_of(cfg: TrainConfig) -> Workflow:
         rollout_steps=cfg.algo.rollout_steps,
         train_epochs=cfg.algo.epochs,
         train_minibatch=max(1, samples // cfg.algo.num_minibatches),
+        train_overlap=cfg.algo.staleness > 0,
     )
 
 

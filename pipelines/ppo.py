@@ -12,6 +12,25 @@ from pipelines.config import PPOConfig
 from policies.base import Policy
 
 
+def compute_advantages(data: dict[str, Any], algo: PPOConfig, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE advantages and returns (T, B) of a batch; ``algo.bootstrap_terminated`` bootstraps
+    terminations from ``final_values`` like truncations."""
+    tens = lambda x: torch.as_tensor(np.asarray(x), device=dev)  # noqa: E731
+    terminated, truncated = tens(data["terminated"]).bool(), tens(data["truncated"]).bool()
+    if algo.bootstrap_terminated:  # every episode end bootstraps from V(final obs), like a time limit
+        terminated, truncated = torch.zeros_like(terminated), terminated | truncated
+    return gae(
+        tens(data["rewards"]).float(),
+        tens(data["values"]).float(),
+        terminated,
+        truncated,
+        tens(data["final_values"]).float(),
+        tens(data["last_values"]).float(),
+        gamma=algo.gamma,
+        lam=algo.gae_lambda,
+    )
+
+
 def ppo_update(policy: Policy, optimizer: torch.optim.Optimizer, data: dict[str, Any], algo: PPOConfig, lr: float, dev: torch.device) -> dict[str, float]:
     """GAE + ``algo.epochs`` epochs of minibatch PPO on ``data``.
 
@@ -22,16 +41,7 @@ def ppo_update(policy: Policy, optimizer: torch.optim.Optimizer, data: dict[str,
     tens = lambda x: torch.as_tensor(np.asarray(x), device=dev)  # noqa: E731
     obs = {k: tens(v) for k, v in data["obs"].items()}  # (T, B, ...)
     T, B = data["rewards"].shape
-    advantages, returns = gae(
-        tens(data["rewards"]).float(),
-        tens(data["values"]).float(),
-        tens(data["terminated"]),
-        tens(data["truncated"]),
-        tens(data["final_values"]).float(),
-        tens(data["last_values"]).float(),
-        gamma=algo.gamma,
-        lam=algo.gae_lambda,
-    )
+    advantages, returns = compute_advantages(data, algo, dev)
     flat = lambda x: x.reshape(T * B, *x.shape[2:])  # noqa: E731
     obs = {k: flat(v) for k, v in obs.items()}
     policy.update_normalizer(obs)

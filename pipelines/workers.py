@@ -231,8 +231,9 @@ class RolloutWorker(Worker):
         traj.terminated.append(out.terminated.astype(bool))
         traj.truncated.append(out.truncated.astype(bool))
         final_values = np.zeros(len(out.reward), np.float32)
-        if out.truncated.any() and out.final_obs is not None:
-            rows = np.flatnonzero(out.truncated)
+        bootstrap = out.truncated | out.terminated if self.cfg.algo.bootstrap_terminated else out.truncated
+        if bootstrap.any() and out.final_obs is not None:
+            rows = np.flatnonzero(bootstrap)
             final_values[rows] = self._values({k: v[rows] for k, v in out.final_obs.items()})
         traj.final_values.append(final_values)
 
@@ -318,11 +319,13 @@ class ActorWorker(Worker):
 
     def train(self, traj_channel: Channel, num_batches: int, lr: float) -> dict[str, float]:
         batches = traj_channel.get_batch(0, num_batches)
-        stale = sorted({b["version"] for b in batches if b["version"] != self.version})
-        if stale:
+        versions = sorted({b["version"] for b in batches})
+        lag = self.version - versions[0]
+        if len(versions) > 1 or not 0 <= lag <= self.cfg.algo.staleness:
             raise RuntimeError(
-                f"stale trajectories: rollout used weights version(s) {stale}, the trainer is at "
-                f"version {self.version}; weight sync did not reach every rollout rank"
+                f"stale trajectories: rollout used weights version(s) {versions}, the trainer is at "
+                f"version {self.version} and algo.staleness={self.cfg.algo.staleness}; weight sync did not "
+                "reach every rollout rank"
             )
         t0 = time.perf_counter()
         switch: dict[str, float] = {}
@@ -336,4 +339,5 @@ class ActorWorker(Worker):
             switch["offload/offload_s"] = self.offloader.offload().seconds
         stats.update(switch)
         stats["time/train_s"] = time.perf_counter() - t0
+        stats["weights/lag"] = float(lag)
         return stats

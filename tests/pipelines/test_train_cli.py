@@ -52,6 +52,19 @@ def test_cartpole_ppo_learns_through_the_ray_pipeline(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.learning
+def test_cartpole_ppo_learns_with_training_beside_the_next_collection(tmp_path):
+    run = tmp_path / "cartpole-stale"
+    result = embodied("train", "cartpole_ppo", f"run.dir={run}", "seed=1", "algo.staleness=1", "logging.wandb=false")
+    assert result.returncode == 0, result.stderr[-3000:]
+    s = summary(run)
+    assert s["train/episode_return"] >= 450 and s["eval/episode_return"] >= 450, s
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["weights/lag"] == 1.0
+    assert json.loads((run / "plan.json").read_text())["workflow"]["train_overlap"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.learning
 def test_gym_ppo_learns_a_continuous_env_defined_in_a_test_file(tmp_path):
     run = tmp_path / "reach"
     result = embodied(
@@ -108,6 +121,7 @@ def _snapshot(run: Path) -> dict[str, bytes]:
         (["train", "cartpole_ppo", "algo.epochs=many"], "Config key 'algo.epochs' expects int, got 'many'"),
         (["train", "cartpole_pp"], "Unknown recipe 'cartpole_pp'. Did you mean 'cartpole_ppo'"),
         (["train", "cartpole_ppo", "env.id=CartPol-v1"], "Unknown env id 'CartPol-v1'"),
+        (["train", "cartpole_ppo", "algo.staleness=3"], "algo.staleness must be 0 (on-policy) or 1"),
         (["eval", "/nonexistent/run"], "No run or checkpoint at '/nonexistent/run'"),
         (["train", "resume=/nonexistent/run"], "No run or checkpoint at '/nonexistent/run'"),
     ],
