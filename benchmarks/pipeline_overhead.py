@@ -9,13 +9,15 @@ one run. The plain loop is the CleanRL shape: collect T steps in one process, th
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import time
 from typing import Any
 
 import numpy as np
 import torch
 
-from embodied.config import apply_overrides
+from embodied.config import apply_overrides, to_dict
 from embodied.runtime import Cluster
 from envs.base import to_numpy
 from envs.registry import make_vec_env
@@ -28,64 +30,73 @@ from policies.registry import build_policy
 from benchmarks.common import write_result
 
 
-def plain_loop(cfg: TrainConfig, iterations: int) -> dict[str, Any]:
-    """Collect-then-train in one process; returns steps/s over ``iterations`` after one warm-up."""
-    torch.manual_seed(cfg.seed)
-    torch.set_num_threads(cfg.workers.actor_threads)  # as the pipeline's trainer
-    env = make_vec_env(cfg.env, seed=cfg.seed)
-    policy = build_policy(cfg.policy, env.observation_space, env.action_space)
-    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.algo.lr, eps=1e-5)
-    low, high = getattr(env.action_space, "low", None), getattr(env.action_space, "high", None)
-    obs = env.reset(seed=cfg.seed)
-    times = []
-    for it in range(iterations + 1):
+class PlainLoop:
+    """Collect-then-train in one process (the CleanRL shape); ``iteration()`` times one iteration."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        torch.manual_seed(cfg.seed)
+        torch.set_num_threads(cfg.workers.actor_threads)  # as the pipeline's trainer
+        self.cfg = cfg
+        self.env = make_vec_env(cfg.env, seed=cfg.seed)
+        self.policy = build_policy(cfg.policy, self.env.observation_space, self.env.action_space)
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=cfg.algo.lr, eps=1e-5)
+        self.low, self.high = getattr(self.env.action_space, "low", None), getattr(self.env.action_space, "high", None)
+        self.obs = self.env.reset(seed=cfg.seed)
+
+    def iteration(self) -> tuple[float, float, float]:
+        """(iteration_s, collect_s, train_s)."""
+        cfg, env, policy, cpu = self.cfg, self.env, self.policy, torch.device("cpu")
         t0 = time.perf_counter()
         buf: dict[str, list] = {k: [] for k in ("obs", "actions", "logprobs", "values", "rewards", "terminated", "truncated", "final_values")}
+        obs = self.obs
         with torch.no_grad():
             for _ in range(cfg.algo.rollout_steps):
-                out = policy.act(to_torch(obs, torch.device("cpu")))
+                out = policy.act(to_torch(obs, cpu))
                 actions = out.actions.numpy()
-                res = env.step(np.clip(actions, low, high) if low is not None else actions)
+                res = env.step(np.clip(actions, self.low, self.high) if self.low is not None else actions)
                 final_values = np.zeros(env.num_envs, np.float32)
                 trunc = to_numpy(res.truncated)
-                if trunc.any():
-                    rows = np.flatnonzero(trunc)
-                    final_values[rows] = policy.value(to_torch({k: v[rows] for k, v in res.final_obs.items()}, torch.device("cpu"))).numpy()
+                bootstrap = trunc | to_numpy(res.terminated) if cfg.algo.bootstrap_terminated else trunc
+                if bootstrap.any():
+                    rows = np.flatnonzero(bootstrap)
+                    final_values[rows] = policy.value(to_torch({k: v[rows] for k, v in res.final_obs.items()}, cpu)).numpy()
                 for k, v in (("obs", obs), ("actions", actions), ("logprobs", out.logprobs.numpy()), ("values", out.values.numpy()),
                              ("rewards", to_numpy(res.reward) * cfg.algo.reward_scale), ("terminated", to_numpy(res.terminated)),
                              ("truncated", trunc), ("final_values", final_values)):
                     buf[k].append(v)
                 obs = res.obs
-            last_values = policy.value(to_torch(obs, torch.device("cpu"))).numpy()
+            last_values = policy.value(to_torch(obs, cpu)).numpy()
+        self.obs = obs
         t_collect = time.perf_counter()
         data = {k: np.stack(v) for k, v in buf.items() if k != "obs"}
         data["obs"] = {k: np.stack([o[k] for o in buf["obs"]]) for k in buf["obs"][0]}
         data["last_values"] = last_values
-        ppo_update(policy, optimizer, data, cfg.algo, cfg.algo.lr, torch.device("cpu"))
+        ppo_update(policy, self.optimizer, data, cfg.algo, cfg.algo.lr, cpu)
         t_end = time.perf_counter()
-        if it > 0:  # the first iteration warms up allocators and caches
-            times.append((t_end - t0, t_collect - t0, t_end - t_collect))
-    env.close()
-    return _summary(cfg, times)
+        return t_end - t0, t_collect - t0, t_end - t_collect
+
+    def close(self) -> None:
+        self.env.close()
 
 
-def ray_pipeline(cfg: TrainConfig, iterations: int) -> dict[str, Any]:
-    """The macro flow on Ray (EmbodiedPPO.iterate) under the plan ``embodied train`` would use
-    (profiled and planned unless plan.profile=false), same measurement."""
-    algo = EmbodiedPPO(cfg, run=None)
-    times = []
-    with Cluster(cfg.cluster) as cluster:
-        algo.plan(cluster, log=lambda *_: None)
-        algo._build(cluster)
-        for it in range(iterations + 1):
-            m = algo.iterate()
-            if it > 0:
-                times.append((m["time/iteration_s"], m["time/sync_s"] + m["time/rollout_s"], m["time/iteration_s"] - m["time/sync_s"] - m["time/rollout_s"]))
-    result = _summary(cfg, times)
-    result["plan"] = {"mode": algo.layout.plan.mode, "chunks": algo.num_chunks,
-                      "placement": {k: list(v) for k, v in algo.layout.plan.placement.items()},
-                      "predicted_iteration_s": algo.layout.plan.predicted_iteration_s}
-    return result
+class RayPipeline:
+    """The macro flow on Ray (``EmbodiedPPO.iterate``) under the plan ``embodied train`` would use."""
+
+    def __init__(self, cfg: TrainConfig, cluster: Cluster) -> None:
+        self.algo = EmbodiedPPO(cfg, run=None)
+        self.algo.plan(cluster, log=lambda *_: None)
+        self.algo._build(cluster)
+
+    def iteration(self) -> tuple[float, float, float]:
+        m = self.algo.iterate()
+        collect = m["time/sync_s"] + m["time/rollout_s"]
+        return m["time/iteration_s"], collect, m["time/iteration_s"] - collect
+
+    def plan(self) -> dict[str, Any]:
+        lay = self.algo.layout
+        return {"mode": lay.plan.mode, "chunks": lay.num_chunks,
+                "placement": {k: list(v) for k, v in lay.plan.placement.items()},
+                "predicted_iteration_s": lay.plan.predicted_iteration_s}
 
 
 def _summary(cfg: TrainConfig, times: list[tuple[float, float, float]]) -> dict[str, Any]:
@@ -103,18 +114,40 @@ def _summary(cfg: TrainConfig, times: list[tuple[float, float, float]]) -> dict[
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", default="halfcheetah_ppo")
-    parser.add_argument("--iterations", type=int, default=6)
+    parser.add_argument("--iterations", type=int, default=10, help="measured iterations of each configuration")
     parser.add_argument("--name", default="pipeline_overhead", help="result file name under benchmarks/results/")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     _, data = load_recipe(args.recipe)
     cfg = apply_overrides(TrainConfig, data, ["logging.wandb=false", "logging.tensorboard=false", "plan.replan_threshold=0", *args.overrides])
-    plain = plain_loop(cfg, args.iterations)
-    print(f"plain loop   : {plain['env_steps_per_s']:8.0f} env steps/s  (collect {plain['collect_s']:.3f}s, train {plain['train_s']:.3f}s per iteration)", flush=True)
-    pipe = ray_pipeline(cfg, args.iterations)
-    print(f"Ray pipeline : {pipe['env_steps_per_s']:8.0f} env steps/s  (collect {pipe['collect_s']:.3f}s, train {pipe['train_s']:.3f}s per iteration)", flush=True)
-    ratio = pipe["env_steps_per_s"] / plain["env_steps_per_s"]
-    print(f"ratio pipeline/plain: {ratio:.2f}x")
+    stale_cfg = apply_overrides(TrainConfig, to_dict(cfg), ["algo.staleness=1"])
+    # This machine's speed drifts within minutes (a shared host), so the three run side by side
+    # iteration by iteration (plain, pipeline, pipeline with staleness 1, again ...) and the ratios
+    # are medians of per-iteration ratios: a drift cannot favour one of them.
+    names = ("plain_loop", "ray_pipeline", "ray_pipeline_staleness_1")
+    times: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
+    plain = PlainLoop(cfg)
+    cluster_cfg = dataclasses.replace(cfg.cluster, num_cpus=2 * (os.cpu_count() or 1))  # two idle-or-busy pipelines
+    with Cluster(cluster_cfg) as cluster:
+        runners = {"plain_loop": plain, "ray_pipeline": RayPipeline(cfg, cluster),
+                   "ray_pipeline_staleness_1": RayPipeline(stale_cfg, cluster)}
+        for it in range(args.iterations + 2):  # two warm-ups: staleness 1 first trains in its second
+            for name in names:
+                t = runners[name].iteration()
+                if it >= 2:
+                    times[name].append(t)
+        plans = {name: runners[name].plan() for name in names[1:]}
+    plain.close()
+    out = {name: _summary(cfg, times[name]) for name in names}
+    for name in names[1:]:
+        out[name]["plan"] = plans[name]
+    ratios = {name: float(np.median([p[0] / t[0] for p, t in zip(times["plain_loop"], times[name])])) for name in names[1:]}
+    plain_r, pipe, stale = (out[n] for n in names)
+    ratio, stale_ratio = ratios["ray_pipeline"], ratios["ray_pipeline_staleness_1"]
+    print(f"plain loop   : {plain_r['env_steps_per_s']:8.0f} env steps/s  (collect {plain_r['collect_s']:.3f}s, train {plain_r['train_s']:.3f}s per iteration)")
+    print(f"Ray pipeline : {pipe['env_steps_per_s']:8.0f} env steps/s  ({pipe['plan']['mode']}, {pipe['plan']['chunks']} chunks) ratio {ratio:.2f}x")
+    print(f"Ray pipeline, staleness 1: {stale['env_steps_per_s']:8.0f} env steps/s  "
+          f"({stale['plan']['mode']} {stale['plan']['placement']}) ratio {stale_ratio:.2f}x", flush=True)
     result = {
         "benchmark": "pipeline_overhead",
         "command": "python -m benchmarks.pipeline_overhead " + " ".join(argv if argv is not None else []),
@@ -123,9 +156,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "num_envs": cfg.env.num_envs,
         "rollout_steps": cfg.algo.rollout_steps,
         "steps_per_iteration": cfg.steps_per_iteration,
-        "plain_loop": plain,
-        "ray_pipeline": pipe,
+        **out,
         "ratio_pipeline_over_plain": ratio,
+        "ratio_staleness_1_over_plain": stale_ratio,
+        "iteration_s_all": {name: [t[0] for t in times[name]] for name in names},
     }
     path = write_result(args.name, result)
     print(f"wrote {path}")
