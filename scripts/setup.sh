@@ -26,8 +26,8 @@ esac
 
 stamp_of() { cat pyproject.toml scripts/setup.sh scripts/setup_vulkan.sh 2>/dev/null | sha256sum | cut -c1-16; }
 STAMP="$VENV/.embodied-setup-$PROFILE-$(stamp_of)"
-if [ -f "$STAMP" ]; then
-  exit 0
+if [ -f "$STAMP" ] || { [ "$PROFILE" = train ] && [ -f "$VENV/.embodied-setup-full-$(stamp_of)" ]; }; then
+  exit 0  # up to date (a full setup includes everything train needs)
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then
