@@ -62,6 +62,7 @@ from envs.adapters.gymnasium_adapter import resolve_backend, vectorize
 from envs.adapters.robosuite_adapter import (
     WRIST_CAMERA,
     NumpyRandomStream,
+    SuiteRendering,
     box,
     check_obs_mode,
     prepare_mujoco_rendering,
@@ -313,10 +314,12 @@ def proprio_state(raw: dict[str, np.ndarray]) -> np.ndarray:
     ).astype(np.float32)
 
 
-class LiberoEnv(gym.Env):
+class LiberoEnv(SuiteRendering, gym.Env):
     """One LIBERO task in a LIBERO ``OffScreenRenderEnv`` (``ControlEnv`` without cameras)."""
 
     metadata = {"render_modes": ["rgb_array"]}
+    camera = AGENT_CAMERA
+    orient = staticmethod(rotate_180)
 
     def __init__(
         self,
@@ -417,19 +420,6 @@ class LiberoEnv(gym.Env):
         truncated = self._steps >= self.max_episode_steps and not success
         return self._last_obs, float(reward), success, truncated, {"success": success}
 
-    def render(self) -> np.ndarray | None:
-        if self.render_mode is None:
-            return None
-        if self._last_obs is not None and "rgb" in self._last_obs:
-            return self._last_obs["rgb"]
-        frame = self.env.sim.render(width=self.image_size, height=self.image_size, camera_name=AGENT_CAMERA)
-        return rotate_180(frame)
-
-    def close(self) -> None:
-        env = getattr(self, "env", None)
-        if env is not None:
-            env.close()
-            self.env = None
 
 
 # --- adapter ----------------------------------------------------------------------------------------

@@ -132,7 +132,34 @@ def box(shape: tuple[int, ...], dtype: Any = np.float32) -> gym.spaces.Box:
 # --- robosuite tasks as gymnasium envs --------------------------------------------------------------
 
 
-class RobosuiteEnv(gym.Env):
+class SuiteRendering:
+    """``render()``/``close()`` of a gymnasium env around a robosuite-based env in ``self.env``
+    (robosuite, LIBERO): frames from the camera observation when there is one, else rendered from
+    ``self.camera`` and turned by ``orient``."""
+
+    env: Any
+    camera: str
+    image_size: int
+    render_mode: str | None
+    _last_obs: dict[str, np.ndarray] | None
+    orient: Callable[[np.ndarray], np.ndarray] = staticmethod(upright)
+
+    def render(self) -> np.ndarray | None:
+        if self.render_mode is None:
+            return None
+        if self._last_obs is not None and "rgb" in self._last_obs:
+            return self._last_obs["rgb"]
+        frame = self.env.sim.render(width=self.image_size, height=self.image_size, camera_name=self.camera)
+        return self.orient(frame)
+
+    def close(self) -> None:
+        env = getattr(self, "env", None)
+        if env is not None:
+            env.close()
+            self.env = None
+
+
+class RobosuiteEnv(SuiteRendering, gym.Env):
     """One robosuite task as a gymnasium env with the contract's dict observations."""
 
     metadata = {"render_modes": ["rgb_array"]}
@@ -218,19 +245,6 @@ class RobosuiteEnv(gym.Env):
         truncated = self._steps >= self.max_episode_steps and not terminated
         return self._last_obs, float(reward), terminated, truncated, {"success": success}
 
-    def render(self) -> np.ndarray | None:
-        if self.render_mode is None:
-            return None
-        if "rgb" in self._last_obs:
-            return self._last_obs["rgb"]
-        frame = self.env.sim.render(width=self.image_size, height=self.image_size, camera_name=self.camera)
-        return upright(frame)
-
-    def close(self) -> None:
-        env = getattr(self, "env", None)
-        if env is not None:
-            env.close()
-            self.env = None
 
 
 def _claims(env_id: str) -> bool:
