@@ -23,7 +23,7 @@ from envs.base import to_numpy
 from envs.registry import make_vec_env
 from pipelines.config import TrainConfig
 from pipelines.embodied_ppo import EmbodiedPPO
-from pipelines.ppo import ppo_update
+from pipelines.ppo import bootstraps, ppo_update
 from pipelines.recipes import load_recipe
 from pipelines.workers import to_torch
 from policies.registry import build_policy
@@ -56,7 +56,7 @@ class PlainLoop:
                 res = env.step(np.clip(actions, self.low, self.high) if self.low is not None else actions)
                 final_values = np.zeros(env.num_envs, np.float32)
                 trunc = to_numpy(res.truncated)
-                bootstrap = trunc | to_numpy(res.terminated) if cfg.algo.bootstrap_terminated else trunc
+                bootstrap = bootstraps(to_numpy(res.terminated), trunc, cfg.algo)
                 if bootstrap.any():
                     rows = np.flatnonzero(bootstrap)
                     final_values[rows] = policy.value(to_torch({k: v[rows] for k, v in res.final_obs.items()}, cpu)).numpy()

@@ -72,7 +72,8 @@ class PPOConfig:
     train). 1: the trainer updates on the previous iteration's trajectories while the next ones are
     collected with weights one version behind, so training overlaps simulation and inference (PPO's
     ratio to the behaviour policy's log-probs accounts for the lag); the planner then gives the
-    trainer devices of its own where that is faster."""
+    trainer devices of its own where that is faster. A resumed run starts by collecting again: the
+    batch that awaited training at the checkpoint is not saved."""
 
 
 @dataclass

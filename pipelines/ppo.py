@@ -12,13 +12,19 @@ from pipelines.config import PPOConfig
 from policies.base import Policy
 
 
+def bootstraps(terminated: Any, truncated: Any, algo: PPOConfig) -> Any:
+    """Which episode ends bootstrap from ``V(final obs)``: truncations, and terminations too with
+    ``algo.bootstrap_terminated`` (numpy arrays or torch tensors of bools)."""
+    return truncated | terminated if algo.bootstrap_terminated else truncated
+
+
 def compute_advantages(data: dict[str, Any], algo: PPOConfig, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE advantages and returns (T, B) of a batch; ``algo.bootstrap_terminated`` bootstraps
     terminations from ``final_values`` like truncations."""
     tens = lambda x: torch.as_tensor(np.asarray(x), device=dev)  # noqa: E731
     terminated, truncated = tens(data["terminated"]).bool(), tens(data["truncated"]).bool()
     if algo.bootstrap_terminated:  # every episode end bootstraps from V(final obs), like a time limit
-        terminated, truncated = torch.zeros_like(terminated), terminated | truncated
+        terminated, truncated = torch.zeros_like(terminated), bootstraps(terminated, truncated, algo)
     return gae(
         tens(data["rewards"]).float(),
         tens(data["values"]).float(),

@@ -33,7 +33,7 @@ from embodied.seeding import seed_everything
 from envs.base import Obs, to_numpy
 from envs.registry import make_vec_env
 from pipelines.config import TrainConfig
-from pipelines.ppo import ppo_update
+from pipelines.ppo import bootstraps, ppo_update
 from scheduler import chunk_sizes
 from policies.registry import build_policy
 
@@ -231,7 +231,7 @@ class RolloutWorker(Worker):
         traj.terminated.append(out.terminated.astype(bool))
         traj.truncated.append(out.truncated.astype(bool))
         final_values = np.zeros(len(out.reward), np.float32)
-        bootstrap = out.truncated | out.terminated if self.cfg.algo.bootstrap_terminated else out.truncated
+        bootstrap = bootstraps(out.terminated, out.truncated, self.cfg.algo)
         if bootstrap.any() and out.final_obs is not None:
             rows = np.flatnonzero(bootstrap)
             final_values[rows] = self._values({k: v[rows] for k, v in out.final_obs.items()})

@@ -192,3 +192,8 @@ def test_tensors_stay_on_the_cuda_device():
     res = env.step(oracle(env))
     assert res.reward.is_cuda and res.terminated.is_cuda and res.episodes.done.is_cuda
     assert isinstance(res.episodes.finished(), list)  # works on cuda tensors
+
+
+def test_ignore_terminations_needs_the_batched_env_to_implement_it():
+    with pytest.raises(UserError, match="has no 'ignore_terminations' parameter"):
+        make_vec_env(EnvConfig(id=ENV_ID, num_envs=2, ignore_terminations=True), seed=0)
