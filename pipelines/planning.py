@@ -65,7 +65,7 @@ def _setup_key(cfg: TrainConfig, backend: str) -> dict[str, Any]:
         "policy": to_dict(cfg.policy),
         "minibatch": workflow_of(cfg).train_minibatch,
         "backend": backend,
-        "version": 2,
+        "version": 3,  # 3: single-process envs get scaling exponent 0 by construction
     }
 
 
