@@ -73,10 +73,13 @@ def _draw_panel(ax, name, timeline, devices, colors, horizon_s, axes_width_px, d
         y = row_of[span.device]
         switch = span.kind in _SWITCH_LABELS
         color = colors[span.component]
+        # white separators only between bars wide enough to keep their colour (hundreds of
+        # sub-millisecond env/rollout steps would otherwise draw as white)
+        edge = 0.6 if switch or span.duration_s * px_per_s >= 3 else 0.0
         ax.barh(
             y, span.duration_s, left=span.start_s, height=0.7,
             facecolor="white" if switch else color, edgecolor=color if switch else "white",
-            hatch="///" if switch else None, linewidth=0.6,
+            hatch="///" if switch else None, linewidth=edge,
         )
         text = _bar_text(span)
         if text and len(text) * _CHAR_WIDTH_PX + 4 < span.duration_s * px_per_s:
