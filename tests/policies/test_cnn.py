@@ -12,6 +12,7 @@ from policies.base import Policy
 from policies.config import PolicyConfig
 from policies.models.cnn import CNNActorCritic, camera_keys
 from policies.registry import build_policy
+from tests.policies.contract import assert_gradients_reach_every_parameter
 
 BOX = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 DISCRETE = gym.spaces.Discrete(5)
@@ -111,14 +112,7 @@ def test_gradients_reach_every_parameter(action_space: gym.spaces.Space) -> None
     policy = make(space, action_space, normalize_obs=True)
     obs = sample_obs(space, batch=8)
     policy.update_normalizer(obs)
-    with torch.no_grad():
-        actions = policy.act(obs).actions
-    ev = policy.evaluate(obs, actions)
-    (-ev.logprobs.mean() - 0.01 * ev.entropy.mean() + ev.values.pow(2).mean()).backward()
-    for name, param in policy.named_parameters():
-        assert param.grad is not None, name
-        assert torch.isfinite(param.grad).all(), name
-        assert param.grad.abs().sum() > 0, name
+    assert_gradients_reach_every_parameter(policy, obs)
 
 
 def test_critic_learns_image_brightness() -> None:

@@ -11,6 +11,7 @@ from embodied.errors import UserError
 from policies.config import PolicyConfig
 from policies.models.mlp import MLPActorCritic, RunningNorm, mlp
 from policies.registry import build_policy
+from tests.policies.contract import assert_gradients_reach_every_parameter
 
 STATE = gym.spaces.Dict({"state": gym.spaces.Box(-np.inf, np.inf, (6,), np.float32)})
 BOX = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
@@ -136,10 +137,7 @@ def test_policy_normalizer_is_used_and_saved() -> None:
 def test_gradients_reach_every_parameter() -> None:
     policy = make(BOX)
     obs = states(8)
-    ev = policy.evaluate(obs, torch.randn(8, 3))
-    (-ev.logprobs.mean() - ev.entropy.mean() + ev.values.pow(2).mean()).backward()
-    for name, param in policy.named_parameters():
-        assert param.grad is not None and param.grad.abs().sum() > 0, name
+    assert_gradients_reach_every_parameter(policy, obs, torch.randn(8, 3))
 
 
 def test_clear_errors() -> None:

@@ -13,6 +13,7 @@ from policies.base import Policy
 from policies.config import PolicyConfig
 from policies.models.token_policy import ActionTokenizer, TokenActionPolicy
 from policies.registry import build_policy
+from tests.policies.contract import assert_gradients_reach_every_parameter
 
 BOX = gym.spaces.Box(np.array([-1.0, -1.0, 0.0, -2.0], np.float32), np.array([1.0, 1.0, 1.0, 2.0], np.float32))
 #: a small model: tests run on 2 shared cores.
@@ -188,14 +189,7 @@ def test_gradients_reach_every_parameter(kind: str) -> None:
     policy = make(space, normalize_obs=True, action_chunk=2)
     obs = sample_obs(space, batch=8)
     policy.update_normalizer(obs)
-    with torch.no_grad():
-        actions = policy.act(obs).actions
-    ev = policy.evaluate(obs, actions)
-    (-ev.logprobs.mean() - 0.01 * ev.entropy.mean() + ev.values.pow(2).mean()).backward()
-    for name, param in policy.named_parameters():
-        assert param.grad is not None, name
-        assert torch.isfinite(param.grad).all(), name
-        assert param.grad.abs().sum() > 0, name
+    assert_gradients_reach_every_parameter(policy, obs)
 
 
 def test_learns_image_conditioned_target_actions() -> None:
