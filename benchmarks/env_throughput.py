@@ -262,10 +262,10 @@ def make_multiprocess(workload: Workload, procs: int, per_proc: int) -> VecEnv:
 
 def print_table(name: str, report: dict[str, Any]) -> None:
     print(f"\n{name} ({report['envs_per_proc']} envs per process; ratios against the raw loop with as many envs per process)")
-    print(f"  {'variant':<11} {'envs':>5} {'steps/s':>9} {'median':>9} {'per core':>9} {'worker cpu':>11} {'all cpu':>8} {'speedup':>8}")
+    print(f"  {'variant':<13} {'envs':>5} {'steps/s':>9} {'median':>9} {'per core':>9} {'worker cpu':>11} {'all cpu':>8} {'speedup':>8}")
     for row in report["results"]:
         print(
-            f"  {row['variant']:<11} {row['num_envs']:>5} {row['steps_per_s']:>9.0f} {row['steps_per_s_median']:>9.0f} "
+            f"  {row['variant']:<13} {row['num_envs']:>5} {row['steps_per_s']:>9.0f} {row['steps_per_s_median']:>9.0f} "
             f"{row['per_core_vs_raw']:>9.3f} {row['worker_cpu_vs_raw']:>11.3f} {row['cpu_vs_raw']:>8.3f} {row['speedup_vs_raw']:>8.2f}"
         )
 

@@ -72,7 +72,7 @@ class Placement:
 
     def apply(self) -> None:
         if self.cores is not None and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, self.cores)  # inherited by the env processes started after this
+            os.sched_setaffinity(0, self.cores)  # MultiprocessVecEnv gives its env processes this affinity
         torch.set_num_threads(max(1, self.threads))
 
 

@@ -402,3 +402,75 @@ def test_render_concatenates_frames_in_env_order():
         frames = env.render()
         assert frames.shape == (3, 4, 4, 3) and frames.dtype == np.uint8
         np.testing.assert_array_equal(frames, obs["rgb"])
+
+
+def _affinity_env():
+    env = cartpole()
+    env.cores = sorted(os.sched_getaffinity(0))
+    return env
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
+def test_workers_run_on_the_cores_of_the_parent_at_construction():
+    # The forkserver starts with the parent's first affinity; a later pinning (a pipeline re-planned
+    # onto other cores) must still reach the env processes made after it.
+    before = os.sched_getaffinity(0)
+    first = min(before)
+    try:
+        with MultiprocessVecEnv([_affinity_env], 1) as env:  # starts the forkserver on every core
+            assert env.call("get_wrapper_attr", "cores") == [sorted(before)]
+        os.sched_setaffinity(0, {first})
+        with MultiprocessVecEnv([_affinity_env], 1) as env:
+            assert env.call("get_wrapper_attr", "cores") == [[first]]
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def test_command_waiter_spins_only_when_the_parent_answers_fast():
+    from envs.multiprocess import CommandWaiter
+
+    read, write = os.pipe()
+    try:
+        waiter = CommandWaiter(read, max_spin_s=200e-6)
+        assert waiter.spin_budget() == 0.0  # no history yet: block
+        waiter.gaps = [50e-6, 40e-6, 60e-6]
+        assert waiter.spin_budget() == pytest.approx(100e-6)  # twice the median gap
+        waiter.gaps = [5e-3, 4e-3, 6e-3]  # a policy runs between steps: never spin
+        assert waiter.spin_budget() == 0.0
+        waiter.gaps = [150e-6] * 3
+        assert waiter.spin_budget() == pytest.approx(200e-6)  # capped
+        assert CommandWaiter(read, max_spin_s=0).spin_budget() == 0.0
+
+        # A command that arrives while the worker spins is picked up; the gap is recorded.
+        waiter.gaps = [50e-6] * 3
+        waiter.replied()
+        os.write(write, b"S")
+        waiter.wait()
+        assert waiter.spins == 1 and len(waiter.gaps) == 4
+        assert os.read(read, 1) == b"S"
+        # A late command: the spin gives up and the wait blocks until it comes.
+        waiter.replied()
+        started = time.perf_counter()
+        import threading
+
+        threading.Timer(0.05, os.write, (write, b"S")).start()
+        waiter.wait()
+        assert time.perf_counter() - started >= 0.04
+        assert waiter.gaps[-1] >= 0.04 and len(waiter.gaps) == 5
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+def test_tight_loop_results_unchanged_with_and_without_spin():
+    envs = [functools.partial(cartpole, 13)] * 3
+    actions = np.random.default_rng(0).integers(0, 2, (40, 3))
+    results = []
+    for spin in (0.0, 1e-3):
+        with MultiprocessVecEnv(envs, 2, spin_s=spin) as env:
+            env.reset(seed=3)
+            results.append([env.step(a) for a in actions])
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a.obs["state"], b.obs["state"])
+        np.testing.assert_array_equal(a.reward, b.reward)
+        np.testing.assert_array_equal(a.terminated | a.truncated, b.terminated | b.truncated)
