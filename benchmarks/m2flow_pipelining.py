@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     with Cluster(base.cluster) as cluster:
         profile = profile_embodied(base, cluster, force=args.reprofile)
-    choice = plan_embodied(base, profile).best
+    planned = plan_embodied(base, profile)
+    choice, bound = planned.best, planned.bound
     configs = {
         "sequential": ["plan.mode=colocated", "plan.chunks=1"],
         "2 chunks": ["plan.chunks=2"],
@@ -95,10 +96,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "planner_vs_best_of_sweep": results["planner"]["measured_iteration_s"] / best,
         "best_config": best_name,
         "max_prediction_error": max(r["prediction_error"] for r in results.values()),
+        # Work conservation (scheduler.bounds): no plan is predicted below bound_s, so no plan can
+        # beat the sequential one by more than these ratios (predicted, and against the measurement).
+        "bound_s": bound.iteration_s,
+        "bound_limited_by": bound.limited_by,
+        "speedup_ceiling_predicted": results["sequential"]["predicted_iteration_s"] / bound.iteration_s,
+        "speedup_ceiling_measured": seq / bound.iteration_s,
     }
     print(f"planner's choice ({choice.mode}, {choice.num_chunks} chunks): {summary['planner_speedup_vs_sequential']:.2f}x "
           f"sequential; {100 * (summary['planner_vs_best_of_sweep'] - 1):.1f}% from the best of the sweep; "
           f"max prediction error {100 * summary['max_prediction_error']:.1f}%")
+    print(f"lower bound for any plan: {bound.iteration_s:.2f} s/iteration ({bound.limited_by}): no plan can be more than "
+          f"{summary['speedup_ceiling_predicted']:.2f}x (predicted) / {summary['speedup_ceiling_measured']:.2f}x (measured "
+          f"sequential) faster than sequential here")
 
     workflow, resources = workflow_of(base), resources_of(base)
     seq_plan = sequential_plan(workflow, resources, profile)
@@ -114,6 +124,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      "num_envs": base.env.num_envs, "rollout_steps": base.algo.rollout_steps, "policy": base.policy.name,
                      "policy_kwargs": base.policy.kwargs},
         "profile": profile.to_dict(),
+        "bound": bound.to_dict(),
         "configs": results,
         "summary": summary,
         "timeline_png": png.name,

@@ -131,10 +131,8 @@ def register_command(name: str, fn, help_text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        import pipelines.plan_cli  # noqa: F401  (registers `embodied plan`)
-    except ImportError:
-        pass
+    import pipelines.plan_cli  # noqa: F401  (registers `embodied plan`)
+
     parser = argparse.ArgumentParser(
         prog="embodied",
         description="Embodied: RL for embodied policies with an M2Flow planner.",
@@ -157,4 +155,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m pipelines.cli`: run the importable module, the one `embodied plan` registers into
+    from pipelines.cli import main as _main
+
+    sys.exit(_main())

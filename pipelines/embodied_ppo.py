@@ -94,8 +94,9 @@ class EmbodiedPPO:
         result = plan_embodied(cfg, self.profile)
         self.layout = Layout.of(result.best, resources_of(cfg))
         log("[m2flow] candidate plans (predicted seconds per iteration):\n" + result.format_table(limit=8))
+        bound = f"; no plan below {result.bound.iteration_s:.3f} s" if result.bound is not None else ""
         log(f"[m2flow] chosen: {result.best.mode}, {result.best.num_chunks} chunk(s), "
-            f"predicted {result.best.predicted_iteration_s:.3f} s/iteration")
+            f"predicted {result.best.predicted_iteration_s:.3f} s/iteration{bound}")
         return result
 
     def _build(self, cluster: Cluster) -> None:
@@ -329,6 +330,8 @@ class EmbodiedPPO:
             data["candidates"] = [
                 {"mode": m, "chunks": k, "placement": p, "predicted_s": t, "mean_utilization": u} for m, k, p, t, u in result.table()
             ]
+            if result.bound is not None:
+                data["bound"] = result.bound.to_dict()
         if self.profile is not None:
             data["workflow"] = workflow_of(self.cfg).to_dict()
             (self.run.path / "profile.json").write_text(json.dumps(self.profile.to_dict(), indent=2))

@@ -14,7 +14,17 @@ from embodied.timeline_plot import plot_timelines
 from pipelines.cli import build_train_config, register_command
 from pipelines.planning import plan_embodied, profile_embodied, resources_of, workflow_of
 from pipelines.preflight import preflight
-from scheduler import PlanningError, sequential_plan, simulate
+from scheduler import Bound, PlanningError, sequential_plan, simulate
+
+
+def describe_bound(bound: Bound, sequential_s: float, chosen_s: float) -> str:
+    """One paragraph: the least time any plan could take here, and what that leaves to gain."""
+    why = ("every component's least core/GPU-seconds spread over all devices" if bound.limited_by == "work"
+           else f"{bound.limited_by} alone takes that long")
+    work = ", ".join(f"{c} {s:.3g}" for c, s in bound.work_device_s.items())
+    return (f"lower bound for any plan: {bound.iteration_s:.3f} s/iteration ({why}; device-seconds: {work}); "
+            f"at most {sequential_s / bound.iteration_s:.2f}x over sequential, the chosen plan is "
+            f"{100 * (chosen_s / bound.iteration_s - 1):.0f}% above it")
 
 
 def cmd_plan(args: list[str]) -> int:
@@ -44,6 +54,8 @@ def cmd_plan(args: list[str]) -> int:
           + (f", offload {list(best.offload)}" if best.offload else "")
           + f"\npredicted {best.predicted_iteration_s:.3f} s/iteration vs sequential {baseline.predicted_iteration_s:.3f} s "
           f"({speedup:.2f}x)")
+    if result.bound is not None:
+        print(describe_bound(result.bound, baseline.predicted_iteration_s, best.predicted_iteration_s))
     out = Path(flags.out or f"plan-{cfg.recipe}.png")
     plot_timelines({"sequential (1 chunk, colocated)": base_timeline, f"chosen ({best.mode}, {best.num_chunks} chunks)": result.best_timeline},
                    out, title=f"{cfg.recipe}: one iteration, predicted")
@@ -51,6 +63,7 @@ def cmd_plan(args: list[str]) -> int:
     if flags.json:
         Path(flags.json).write_text(json.dumps({
             "plan": best.to_dict(), "sequential": baseline.to_dict(), "profile": profile.to_dict(),
+            "bound": result.bound.to_dict() if result.bound is not None else None,
             "candidates": [dict(zip(("mode", "chunks", "placement", "predicted_s", "mean_utilization"), row)) for row in result.table()],
         }, indent=2))
     return 0

@@ -10,6 +10,7 @@ Pure Python (stdlib only): no torch, no ray, no clock, no I/O; every result is d
 See docs/planner.md for the model and its assumptions.
 """
 
+from scheduler.bounds import Bound, lower_bound
 from scheduler.cost_model import CostModel, fit_cost_model
 from scheduler.graph import Dep, Task, call_sizes, chunk_sizes
 from scheduler.memory import memory_violations, peak_memory_gib
@@ -26,6 +27,7 @@ __all__ = [
     "PLACEMENT_MODES",
     "WEIGHT_SYNC",
     "WORKFLOW_KINDS",
+    "Bound",
     "ComponentProfile",
     "CostModel",
     "Dep",
@@ -43,6 +45,7 @@ __all__ = [
     "call_sizes",
     "chunk_sizes",
     "fit_cost_model",
+    "lower_bound",
     "memory_violations",
     "peak_memory_gib",
     "plan",

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from itertools import combinations
 
+from scheduler.bounds import Bound, lower_bound
 from scheduler.memory import component_memory_gib, phase_overflows, resident_memory_gib, switchable_components
 from scheduler.placements import PLACEMENT_MODES, Placement, eligible_classes
 from scheduler.plans import MODES, Plan, Timeline
@@ -42,6 +43,8 @@ class PlanResult:
     """The ``keep`` best plans with their timelines, ranked."""
     num_evaluated: int = 0
     """How many plans were simulated in total."""
+    bound: Bound | None = None
+    """No plan of this workflow on these devices is predicted faster (see :mod:`scheduler.bounds`)."""
 
     def table(self) -> list[tuple[str, int, str, float, float]]:
         """Rows ``(mode, chunks, placement, predicted_s, mean_utilization)``, best first."""
@@ -104,7 +107,8 @@ def plan(
         raise PlanningError(_explain_infeasible(workflow, profile, resources, modes, placements_found, overflows))
     scored.sort(key=lambda item: item[0])
     candidates = [(p, simulate(p, profile, workflow, resources)) for _, p in scored[: max(1, keep)]]
-    return PlanResult(candidates[0][0], candidates[0][1], candidates, num_evaluated=len(scored))
+    return PlanResult(candidates[0][0], candidates[0][1], candidates, num_evaluated=len(scored),
+                      bound=lower_bound(workflow, profile, resources))
 
 
 def sequential_plan(workflow: Workflow, resources: Resources, profile: Profile | None = None) -> Plan:

@@ -201,11 +201,28 @@ def test_forced_plan_with_chunks_and_trainer_offload(tmp_path):
     assert "[m2flow] chosen: hybrid, 2 chunk(s)" in result.stdout
     plan = json.loads((run / "plan.json").read_text())
     assert plan["plan"]["num_chunks"] == 2 and plan["plan"]["mode"] == "hybrid" and plan["candidates"]
+    assert 0 < plan["bound"]["iteration_s"] <= plan["plan"]["predicted_iteration_s"]
     assert (run / "profile.json").is_file()
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert all(r["plan/chunks"] == 2 for r in rows)
     assert all(r["offload/bytes"] > 0 for r in rows[1:])  # onloaded before every training phase
     assert all(r["plan/predicted_iteration_s"] > 0 and r["plan/measured_over_predicted"] > 0 for r in rows)
+
+
+def test_plan_command_prints_candidates_bound_and_draws_the_timeline(tmp_path):
+    out, data = tmp_path / "plan.png", tmp_path / "plan.json"
+    result = embodied(
+        "plan", "gym_ppo", "env.id=tests.pipelines.reach_env:Reach1D", "env.num_envs=4", "algo.rollout_steps=8",
+        "--out", str(out), "--json", str(data),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "mode" in result.stdout and "predicted_s" in result.stdout  # the candidate table
+    assert "chosen:" in result.stdout and "lower bound for any plan:" in result.stdout
+    assert out.stat().st_size > 10_000
+    saved = json.loads(data.read_text())
+    bound, chosen, sequential = saved["bound"], saved["plan"], saved["sequential"]
+    assert 0 < bound["iteration_s"] <= chosen["predicted_iteration_s"] <= sequential["predicted_iteration_s"]
+    assert set(bound["work_device_s"]) == {"env", "rollout", "actor"} and saved["candidates"]
 
 
 @pytest.mark.slow
