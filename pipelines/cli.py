@@ -20,6 +20,9 @@ from typing import Any
 
 from embodied.config import apply_overrides, load_yaml, parse_override
 from embodied.errors import UserError
+from embodied.runtime.cluster import apply_torch_process_env
+
+apply_torch_process_env()  # before anything loads torch: the driver runs policies too
 
 EXIT_USER_ERROR = 2
 

@@ -61,7 +61,7 @@ def workflow_of(cfg: TrainConfig) -> Workflow:
 def _setup_key(cfg: TrainConfig, backend: str) -> dict[str, Any]:
     """What a profile depends on (besides the hardware)."""
     return {
-        "env": to_dict(dataclasses.replace(cfg.env, num_procs=0)),
+        "env": to_dict(dataclasses.replace(cfg.env, num_procs=0, worker_spin_us=0)),  # probes never spin
         "policy": to_dict(cfg.policy),
         "minibatch": workflow_of(cfg).train_minibatch,
         "backend": backend,
@@ -90,7 +90,9 @@ def _probe_env(cfg: TrainConfig, cores: int, log) -> tuple[Probe, dict[str, np.n
     obs_sample = action_space = obs_space = None
     shapes = [(b, 1) for b in _probe_sizes(n)]
     for b, procs in shapes:  # grows by one multi-process probe when the backend runs processes
-        env_cfg = dataclasses.replace(cfg.env, num_envs=b, num_procs=procs)
+        # No spin-waiting in env processes: probes step back to back, but in the pipeline a policy
+        # runs between steps and the processes block (what the prediction must cost).
+        env_cfg = dataclasses.replace(cfg.env, num_envs=b, num_procs=procs, worker_spin_us=0)
         env = make_vec_env(env_cfg, seed=cfg.seed)
         if isinstance(env, MultiprocessVecEnv) and cores > 1 and n > 1 and (n, min(cores, n)) not in shapes:
             shapes.append((n, min(cores, n)))

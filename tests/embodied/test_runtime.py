@@ -47,6 +47,9 @@ class Producer(Worker):
     def die(self) -> None:
         os._exit(1)
 
+    def getenv(self, key: str) -> str | None:
+        return os.environ.get(key)
+
 
 class Consumer(Worker):
     def consume(self, channel: Channel, keys: list[int], count_per_key: int) -> dict[int, list[int]]:
@@ -91,6 +94,26 @@ def test_ranks_know_their_rank_and_run_in_separate_processes_on_ray(cluster):
     # chosen ranks only
     assert [r[0] for r in group.call("whoami", ranks=[1]).wait()] == [1]
     group.shutdown()
+
+
+def test_ray_workers_start_with_the_torch_process_env(ray_cluster):
+    from embodied.runtime.cluster import TORCH_PROCESS_ENV
+
+    group = WorkerGroup(ray_cluster, Producer, 1, 1, resources=half())
+    for key, default in TORCH_PROCESS_ENV.items():
+        assert group.getenv(key).wait() == [os.environ.get(key, default)]
+    group.shutdown()
+
+
+def test_torch_process_env_keeps_what_the_user_set(monkeypatch):
+    from embodied.runtime.cluster import TORCH_PROCESS_ENV, apply_torch_process_env
+
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    apply_torch_process_env()
+    assert os.environ["GOMP_SPINCOUNT"] == TORCH_PROCESS_ENV["GOMP_SPINCOUNT"]
+    monkeypatch.setenv("GOMP_SPINCOUNT", "123")
+    apply_torch_process_env()
+    assert os.environ["GOMP_SPINCOUNT"] == "123"
 
 
 def test_channel_routes_keys_to_owner_and_keeps_fifo_order(cluster):

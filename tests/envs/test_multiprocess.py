@@ -462,6 +462,16 @@ def test_command_waiter_spins_only_when_the_parent_answers_fast():
         os.close(write)
 
 
+def test_no_spin_with_more_workers_than_cores():
+    from envs.multiprocess import DEFAULT_SPIN_S
+
+    cores = len(os.sched_getaffinity(0))
+    with MultiprocessVecEnv([cartpole] * (cores + 1), cores + 1) as env:
+        assert env.spin_s == 0.0
+    with MultiprocessVecEnv([cartpole] * 2, 1) as env:
+        assert env.spin_s == DEFAULT_SPIN_S
+
+
 def test_tight_loop_results_unchanged_with_and_without_spin():
     envs = [functools.partial(cartpole, 13)] * 3
     actions = np.random.default_rng(0).integers(0, 2, (40, 3))
