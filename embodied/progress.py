@@ -55,7 +55,7 @@ class Progress:
             self._bar.update(self._task, completed=env_steps, sps=f"{sps:,.0f}", ret=_fmt(ret), succ=_fmt(succ))
         elif self.mode == "lines" and (force or elapsed - self._last_line >= self.log_every_s or env_steps >= self.total):
             self._last_line = elapsed
-            remaining = (self.total - env_steps) / sps if sps > 0 else float("nan")
+            remaining = max(0.0, self.total - env_steps) / sps if sps > 0 else float("nan")
             pct = 100.0 * env_steps / max(self.total, 1)
             print(
                 f"[train] {env_steps:,}/{self.total:,} steps ({pct:.0f}%) | {sps:,.0f} steps/s | "

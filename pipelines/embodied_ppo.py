@@ -281,7 +281,9 @@ class EmbodiedPPO:
             self._build(cluster)
             if cfg.resume is not None:
                 self._resume()
-            progress = Progress(cfg.algo.total_env_steps, cfg.logging.progress, cfg.run.log_every_s, self.env_steps)
+            # Whole iterations: the run does total_iterations * steps_per_iteration steps (>= the asked total).
+            planned_steps = total_iters * cfg.steps_per_iteration
+            progress = Progress(planned_steps, cfg.logging.progress, cfg.run.log_every_s, self.env_steps)
             t_start = time.perf_counter()
             last: dict[str, Any] = {}
             while self.iteration < total_iters:
