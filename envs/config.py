@@ -30,7 +30,8 @@ class EnvConfig:
     """Multiprocess backend: longest busy-wait (microseconds) of an env process for its next
     command, used only while commands follow its replies that fast (a tight stepping loop; not
     while a policy runs between steps) and only with no more processes than cores; 0 always
-    blocks. Measured: +2% to +14% steps/s (benchmarks/results/env_worker_spin.json)."""
+    blocks. Measured in tight loops: +4% to +13% steps/s at 4-32 envs per process, no change with a
+    policy between steps (benchmarks/results/env_worker_spin.json)."""
     max_episode_steps: int | None = None
     """Time limit (truncation); None keeps the task's default."""
     ignore_terminations: bool = False

@@ -212,7 +212,8 @@ class CommandWaiter:
 
     Blocking on the pipe costs a sleep and a wake-up per step (tens of microseconds each on a
     virtual machine, more when the core idles); a tight stepping loop whose parent turns a reply
-    into the next command in ~50 us loses 5-10% of the simulator's time to that. The worker keeps
+    into the next command in ~50 us loses up to ~13% of its steps/s to that
+    (``benchmarks/results/env_worker_spin.json``). The worker keeps
     the gaps between its last replies and the next commands; when their median is below
     ``max_spin_s`` it polls (yielding the core to any other runnable process) for up to twice that
     median before blocking. A parent that runs a policy between steps (gaps of milliseconds) never
@@ -391,8 +392,8 @@ class MultiprocessVecEnv(VecEnv):
                   before the simulator is imported. 1 keeps N workers on N cores from oversubscribing.
     spin_s:       longest busy-wait of a worker for its next command when commands usually follow
                   its replies within that time (a tight stepping loop); 0 always blocks. Off when
-                  there are more workers than cores (measured on 2 cores, HalfCheetah: -12% with 4
-                  workers, +5% / +13% with 1 / 2). See :class:`CommandWaiter`.
+                  there are more workers than cores, where a spinning worker would hold a core
+                  another worker needs. See :class:`CommandWaiter`.
 
     Workers run on the CPU cores this process may use when it makes them (its affinity), so a
     pipeline that pins its env worker to some cores pins that worker's env processes too.
