@@ -415,6 +415,8 @@ class MultiprocessVecEnv(VecEnv):
             raise UserError("MultiprocessVecEnv needs at least one env constructor.")
         if num_procs < 1:
             raise UserError(f"env.num_procs must be >= 1, got {num_procs}.")
+        if spin_s < 0:
+            raise UserError(f"env.worker_spin_us must be >= 0, got {spin_s * 1e6:g}.")
         if instructions is not None and len(instructions) != len(env_fns):
             raise UserError(f"got {len(instructions)} instructions for {len(env_fns)} envs.")
         self.num_envs = len(env_fns)

@@ -188,8 +188,6 @@ def vectorize(env_fns: list, cfg: EnvConfig, backend: str, instructions: list[st
         env_fns = [WithoutTerminations(fn) for fn in env_fns]
     if backend == "inprocess":
         return SerialVecEnv(env_fns, instructions)
-    if cfg.worker_spin_us < 0:
-        raise UserError(f"env.worker_spin_us must be >= 0, got {cfg.worker_spin_us}.")
     return MultiprocessVecEnv(env_fns, default_num_procs(cfg), instructions, spin_s=cfg.worker_spin_us * 1e-6)
 
 

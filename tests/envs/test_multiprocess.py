@@ -472,6 +472,14 @@ def test_no_spin_with_more_workers_than_cores():
         assert env.spin_s == DEFAULT_SPIN_S
 
 
+def test_negative_spin_is_a_user_error():
+    from envs.config import EnvConfig
+    from envs.registry import make_vec_env
+
+    with pytest.raises(UserError, match="env.worker_spin_us must be >= 0"):
+        make_vec_env(EnvConfig(id="CartPole-v1", num_envs=2, backend="multiprocess", worker_spin_us=-5))
+
+
 def test_tight_loop_results_unchanged_with_and_without_spin():
     envs = [functools.partial(cartpole, 13)] * 3
     actions = np.random.default_rng(0).integers(0, 2, (40, 3))
