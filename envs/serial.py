@@ -47,6 +47,36 @@ def success_of(info: dict[str, Any]) -> bool | None:
     return None
 
 
+class _Rows:
+    """The batch observation of one call, filled row by row in place (no per-env dicts, no stack).
+
+    The arrays are allocated at the first row with its keys, shapes and dtypes (as ``np.stack``
+    would give them); later rows are assigned into them.
+    """
+
+    __slots__ = ("n", "arrays", "state")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.arrays: dict[str, np.ndarray] | None = None
+        self.state: np.ndarray | None = None  # arrays["state"] when observations are plain arrays
+
+    def set(self, i: int, obs: Any) -> None:
+        """Row ``i`` = one env's observation: a dict of arrays, or a Box/Discrete value (-> "state")."""
+        if self.state is not None and type(obs) is np.ndarray:  # noqa: E721 - the hot case, checked fast
+            self.state[i] = obs
+            return
+        arrays = self.arrays
+        if arrays is None:  # keys, shapes and dtypes as obs_as_dict gives them
+            arrays = self.arrays = {key: np.empty((self.n, *v.shape), v.dtype) for key, v in obs_as_dict(obs).items()}
+            if not isinstance(obs, dict):
+                self.state = arrays["state"]
+        if not isinstance(obs, dict):
+            obs = {"state": obs}
+        for key, value in obs.items():
+            arrays[key][i] = value if isinstance(value, np.ndarray) else to_numpy(value)
+
+
 class SerialVecEnv(VecEnv):
     """``len(env_fns)`` gymnasium envs stepped one after another, with auto-reset."""
 
@@ -57,37 +87,29 @@ class SerialVecEnv(VecEnv):
         self.observation_space = obs_space_as_dict(first.observation_space)
         self.action_space = first.action_space
         self._instructions = list(instructions) if instructions is not None else None
-        self._returns = np.zeros(self.num_envs, np.float64)
-        self._lengths = np.zeros(self.num_envs, np.int64)
+        # Plain Python numbers: the per-env loop updates them every step (numpy scalars cost more).
+        self._returns = [0.0] * self.num_envs
+        self._lengths = [0] * self.num_envs
         self._seed: int | None = None
         self._episode_count = np.zeros(self.num_envs, np.int64)
         self._has_success = False
         self._closed = False
 
     # --- helpers -------------------------------------------------------------------------------
-    def _reset_one(self, i: int, seed: int | None = None) -> dict[str, np.ndarray]:
+    def _reset_one(self, i: int, seed: int | None = None) -> Any:
         obs, _ = self.envs[i].reset(seed=seed)
         self._returns[i] = 0.0
         self._lengths[i] = 0
-        return obs_as_dict(obs)
-
-    def _stack(self, rows: list[dict[str, np.ndarray]]) -> Obs:
-        return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
-
-    def _step_one(self, i: int, action: Any) -> tuple[dict, float, bool, bool, bool | None]:
-        obs, reward, terminated, truncated, info = self.envs[i].step(action)
-        reward = float(reward)
-        self._returns[i] += reward
-        self._lengths[i] += 1
-        success = success_of(info)
-        if success is not None:
-            self._has_success = True
-        return obs_as_dict(obs), reward, bool(terminated), bool(truncated), success
+        return obs
 
     # --- contract ------------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> Obs:
         self._seed = seed
-        return self._stack([self._reset_one(i, None if seed is None else seed + i) for i in range(self.num_envs)])
+        rows = _Rows(self.num_envs)
+        for i in range(self.num_envs):
+            rows.set(i, self._reset_one(i, None if seed is None else seed + i))
+        assert rows.arrays is not None
+        return rows.arrays
 
     def step(self, actions: Any) -> StepResult:
         """One step is a chunk of one action: the same per-env loop, auto-reset and episode stats."""
@@ -105,35 +127,48 @@ class SerialVecEnv(VecEnv):
     def chunk_step(self, actions: Any) -> ChunkStepResult:
         actions = to_numpy(self.check_chunk(actions))
         n, c = actions.shape[0], actions.shape[1]
-        rewards = np.zeros((n, c), np.float32)
-        terminated = np.zeros((n, c), bool)
-        truncated = np.zeros((n, c), bool)
-        valid = np.zeros((n, c), bool)
-        success = np.zeros(n, bool)
+        # Flat (n * c) Python lists, filled in the loop and turned into arrays once.
+        rewards = [0.0] * (n * c)
+        terminated = [False] * (n * c)
+        truncated = [False] * (n * c)
+        valid = [False] * (n * c)
+        success = [False] * n
+        returns, lengths = self._returns, self._lengths
         episodes = EpisodeStats(np.zeros(n, bool), np.zeros(n, np.float32), np.zeros(n, np.int64), None)
-        final_rows: dict[int, dict[str, np.ndarray]] = {}
-        rows: list[dict[str, np.ndarray]] = []
+        rows, finals = _Rows(n), _Rows(n)
+        final_envs: list[int] = []
         for i in range(n):
+            env, env_actions = self.envs[i], actions[i]
             obs = None
             for j in range(c):
-                obs, r, term, trunc, succ = self._step_one(i, actions[i, j])
-                rewards[i, j], terminated[i, j], truncated[i, j], valid[i, j] = r, term, trunc, True
-                success[i] = bool(succ)
+                obs, reward, term, trunc, info = env.step(env_actions[j])
+                reward, term, trunc = float(reward), bool(term), bool(trunc)
+                returns[i] += reward
+                lengths[i] += 1
+                succ = success_of(info) if info else None
+                k = i * c + j
+                rewards[k], terminated[k], truncated[k], valid[k] = reward, term, trunc, True
+                if succ is not None:
+                    self._has_success = True
+                    success[i] = succ
                 if term or trunc:
                     self._finish_episode(i, succ, episodes)
-                    final_rows[i] = obs
+                    finals.set(i, obs)
+                    final_envs.append(i)
                     obs = self._reset_one(i)
                     break  # the rest of the chunk belonged to an episode that is over
-            rows.append(obs)
+            rows.set(i, obs)
+        batch = rows.arrays
+        assert batch is not None
         return ChunkStepResult(
-            obs=self._stack(rows),
-            rewards=rewards,
-            terminated=terminated,
-            truncated=truncated,
-            valid=valid,
-            final_obs=self._final(final_rows, rows),
+            obs=batch,
+            rewards=np.array(rewards, np.float32).reshape(n, c),
+            terminated=np.array(terminated, bool).reshape(n, c),
+            truncated=np.array(truncated, bool).reshape(n, c),
+            valid=np.array(valid, bool).reshape(n, c),
+            final_obs=self._final(finals, final_envs, batch),
             episodes=self._with_success(episodes),
-            info={"success": success} if self._has_success else {},
+            info={"success": np.array(success, bool)} if self._has_success else {},
         )
 
     def _finish_episode(self, i: int, success: bool | None, episodes: EpisodeStats) -> None:
@@ -151,11 +186,16 @@ class SerialVecEnv(VecEnv):
             episodes.success = np.zeros(self.num_envs, bool)
         return episodes
 
-    def _final(self, final_rows: dict[int, dict[str, np.ndarray]], rows: list[dict[str, np.ndarray]]) -> Obs | None:
-        if not final_rows:
+    def _final(self, finals: _Rows, final_envs: list[int], batch: Obs) -> Obs | None:
+        if not final_envs:
             return None
-        # Rows of envs that did not finish are filled with their current obs (not meaningful).
-        return self._stack([final_rows.get(i, rows[i]) for i in range(self.num_envs)])
+        # Rows of envs that did not finish hold their current obs (not meaningful).
+        assert finals.arrays is not None
+        keep = np.ones(self.num_envs, bool)
+        keep[final_envs] = False
+        for key, array in finals.arrays.items():
+            array[keep] = batch[key][keep]
+        return finals.arrays
 
     @property
     def instructions(self) -> list[str] | None:

@@ -11,6 +11,7 @@ import pytest
 from embodied.errors import UserError
 from envs.config import EnvConfig
 from envs.registry import make_vec_env
+from tests.envs.conftest import assert_same
 
 
 def test_step_equals_a_chunk_of_one_and_auto_resets():
@@ -82,3 +83,82 @@ def test_ignore_terminations_without_a_time_limit_is_a_user_error():
     cfg = EnvConfig(id="tests.envs.test_serial:FallsAtOnce", num_envs=1, backend="inprocess", ignore_terminations=True)
     with pytest.raises(UserError, match="needs a time limit.*env.max_episode_steps"):
         make_vec_env(cfg, seed=0).reset(seed=0)
+
+
+class _Counter(gym.Env):
+    """Observations of three kinds (float64 Box, Discrete int, Dict with uint8 and float64) that
+    encode (env, step), an episode of ``length`` steps, success on the last one."""
+
+    def __init__(self, kind: str, index: int, length: int) -> None:
+        self.kind, self.index, self.length, self.t = kind, index, length, 0
+        self.action_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+        self.observation_space = {
+            "box": gym.spaces.Box(-np.inf, np.inf, (3,), np.float64),
+            "discrete": gym.spaces.Discrete(1000),
+            "dict": gym.spaces.Dict({"rgb": gym.spaces.Box(0, 255, (2, 2, 3), np.uint8),
+                                     "state": gym.spaces.Box(-np.inf, np.inf, (2,), np.float64)}),
+        }[kind]
+
+    def _obs(self):
+        value = 100 * self.index + self.t
+        if self.kind == "box":
+            return np.full(3, value, np.float64)
+        if self.kind == "discrete":
+            return value
+        return {"rgb": np.full((2, 2, 3), value % 256, np.uint8), "state": np.full(2, value, np.float64)}
+
+    def reset(self, seed=None, options=None):
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        done = self.t >= self.length
+        return self._obs(), float(action[0]), False, done, {"success": done}
+
+
+@pytest.mark.parametrize("kind", ["box", "discrete", "dict"])
+def test_batches_match_hand_stepped_envs_for_every_observation_kind(kind):
+    """The batch is the envs' observations row by row, with the contract's dtypes (a plain
+    Box/Discrete observation becomes float32 "state" of at least one number; a Dict keeps its
+    dtypes); finished envs' final observations, returns, lengths and success are theirs."""
+    from envs.serial import SerialVecEnv
+
+    lengths = [2, 3, 5]
+    venv = SerialVecEnv([lambda i=i: _Counter(kind, i, lengths[i]) for i in range(3)])
+    refs = [_Counter(kind, i, lengths[i]) for i in range(3)]
+
+    def expected(obs_list):
+        if kind == "dict":
+            return {"rgb": np.stack([o["rgb"] for o in obs_list]), "state": np.stack([o["state"] for o in obs_list])}
+        return {"state": np.stack([np.asarray(o, np.float32).reshape(-1) for o in obs_list])}
+
+    assert_same(venv.reset(seed=0), expected([r.reset()[0] for r in refs]))
+    rng = np.random.default_rng(1)
+    returns = [0.0] * 3
+    for _ in range(7):
+        actions = rng.uniform(-1, 1, (3, 2)).astype(np.float32)
+        result = venv.step(actions)
+        obs, finals = [], {}
+        for i, ref in enumerate(refs):
+            o, r, _, trunc, _ = ref.step(actions[i])
+            returns[i] += float(np.float32(r))
+            if trunc:
+                finals[i] = o
+                assert result.episodes.done[i] and result.episodes.length[i] == lengths[i]
+                assert result.episodes.episode_return[i] == pytest.approx(returns[i], abs=1e-6)
+                assert result.episodes.success[i]
+                returns[i] = 0.0
+                o = ref.reset()[0]
+            obs.append(o)
+        assert_same(result.obs, expected(obs))
+        np.testing.assert_allclose(result.reward, actions[:, 0])
+        if finals:
+            rows = sorted(finals)
+            want = expected([finals[i] for i in rows])
+            for key, value in want.items():
+                np.testing.assert_array_equal(result.final_obs[key][rows], value)
+                assert result.final_obs[key].dtype == value.dtype
+        else:
+            assert result.final_obs is None
+    venv.close()
