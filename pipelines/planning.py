@@ -7,7 +7,7 @@
 On CPU every core is a device: a component placed on cores {0} runs pinned there (``sched_setaffinity``,
 inherited by its env processes) with as many torch threads as cores. Probes measure what the
 workers run: a chunk's ``VecEnv.step`` at several chunk sizes and process counts, the policy's
-inference at several batch sizes and thread counts, a PPO minibatch step, a message between two
+inference at several batch sizes and thread counts, the trainer's PPO update per minibatch, a message between two
 Ray workers, and one offload/onload of the trainer's state.
 """
 
@@ -31,6 +31,7 @@ from envs.base import to_numpy
 from envs.multiprocess import MultiprocessVecEnv
 from envs.registry import make_vec_env
 from pipelines.config import TrainConfig
+from pipelines.ppo import ppo_update
 from pipelines.workers import to_torch
 from policies.registry import build_policy
 from scheduler import ComponentProfile, CostModel, Plan, PlanResult, Profile, Resources, Workflow, plan
@@ -65,7 +66,7 @@ def _setup_key(cfg: TrainConfig, backend: str) -> dict[str, Any]:
         "policy": to_dict(cfg.policy),
         "minibatch": workflow_of(cfg).train_minibatch,
         "backend": backend,
-        "version": 3,  # 3: single-process envs get scaling exponent 0 by construction
+        "version": 4,  # 4: the trainer probe times ppo_update itself
     }
 
 
@@ -142,33 +143,31 @@ def _probe_rollout(cfg: TrainConfig, policy, obs, cores: int, log) -> Probe:
     return probe
 
 
-def _probe_actor(cfg: TrainConfig, policy, obs, action_space, cores: int, log) -> tuple[Probe, float, float]:
-    """Time one PPO minibatch step (forward, loss, backward, optimizer step); one offload/onload."""
-    from embodied.rl import ppo_loss
+#: Minibatches of the trainer probe's one epoch: its per-update costs (GAE, the normalizer, the
+#: shuffle) spread over them as over an iteration's minibatches.
+ACTOR_PROBE_MINIBATCHES = 4
 
+
+def _probe_actor(cfg: TrainConfig, policy, obs, action_space, cores: int, log) -> tuple[Probe, float, float]:
+    """Time the trainer's own update (``ppo_update``: GAE, minibatch gathers, loss, backward,
+    gradient clipping, optimizer step, stats) on a synthetic batch of ACTOR_PROBE_MINIBATCHES
+    minibatches of the configured size (and half of it), per minibatch; one offload/onload."""
     probe = Probe("actor")
     optimizer = torch.optim.Adam(policy.parameters(), lr=1e-4, eps=1e-5)
     mb = workflow_of(cfg).train_minibatch
+    m = ACTOR_PROBE_MINIBATCHES
+    algo = dataclasses.replace(cfg.algo, epochs=1, num_minibatches=m, target_kl=None)
     before = torch.get_num_threads()
     try:
-        for threads in sorted({1, cores}):
-            torch.set_num_threads(threads)
-            for b in sorted({mb, max(1, mb // 2)}):
-                batch = to_torch(_tile(obs, b), torch.device("cpu"))
-                with torch.no_grad():
-                    out = policy.act(batch)
-                old_logprobs, old_values = out.logprobs, out.values
-                advantages = torch.randn(b)
+        for b in sorted({mb, max(1, mb // 2)}):
+            data = _synthetic_trajectories(policy, obs, b, m)
+            for threads in sorted({1, cores}):
+                torch.set_num_threads(threads)
 
-                def step() -> None:
-                    ev = policy.evaluate(batch, out.actions)
-                    loss, _ = ppo_loss(ev.logprobs, old_logprobs, advantages, new_values=ev.values,
-                                       old_values=old_values, returns=old_values + advantages, entropy=ev.entropy)
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    optimizer.step()
+                def update() -> None:
+                    ppo_update(policy, optimizer, data, algo, algo.lr, torch.device("cpu"))
 
-                seconds = time_call(step, warmup=1, repeats=3)
+                seconds = time_call(update, warmup=1, repeats=3) / m
                 probe.add(b, threads, seconds)
                 log(f"  actor   batch {b:>4} on {threads} core(s): {seconds * 1e3:8.2f} ms/minibatch")
     finally:
@@ -177,6 +176,32 @@ def _probe_actor(cfg: TrainConfig, policy, obs, action_space, cores: int, log) -
     offload_s = offloader.offload().seconds
     onload_s = offloader.onload().seconds
     return probe, offload_s, onload_s
+
+
+def _synthetic_trajectories(policy, obs: dict[str, np.ndarray], batch: int, steps: int) -> dict[str, Any]:
+    """A (steps, batch) trajectory batch in the trainer's format: observations tiled from ``obs``,
+    actions, logprobs and values from the policy (so PPO's ratios start at 1), random rewards,
+    no episode ends."""
+    tiled = _tile(obs, batch)
+    with torch.no_grad():
+        out = policy.act(to_torch(tiled, torch.device("cpu")))
+    rng = np.random.default_rng(0)
+
+    def repeat(x: Any) -> np.ndarray:
+        return np.repeat(np.asarray(to_numpy(x))[None], steps, axis=0)  # (steps, batch, ...)
+
+    values = repeat(out.values.float())
+    return {
+        "obs": {k: repeat(v) for k, v in tiled.items()},
+        "actions": repeat(out.actions),
+        "logprobs": repeat(out.logprobs.float()),
+        "values": values,
+        "rewards": rng.normal(size=values.shape).astype(np.float32),
+        "terminated": np.zeros(values.shape, bool),
+        "truncated": np.zeros(values.shape, bool),
+        "final_values": np.zeros(values.shape, np.float32),
+        "last_values": values[0].copy(),
+    }
 
 
 class _Echo(Worker):

@@ -74,3 +74,27 @@ def test_profile_is_measured_then_cached(tmp_path, monkeypatch):
     assert prof["env"].cost.scaling_exponent == pytest.approx(0.0, abs=0.05)
     assert prof["rollout"].weights_mib > 0 and prof["actor"].onload_s >= 0
     assert workflow_of(cfg).num_envs == 8
+
+
+def test_trainer_probe_times_the_trainers_own_update(tmp_path, monkeypatch):
+    """The actor's cost comes from ``ppo_update`` itself (the code the trainer runs: minibatch
+    gathers, clipping, stats), on (minibatches, minibatch size) batches of the configured size
+    and half of it, one epoch, divided per minibatch."""
+    import pipelines.planning as planning
+
+    calls: list[tuple[tuple[int, ...], int, int]] = []
+    real = planning.ppo_update
+
+    def spy(policy, optimizer, data, algo, lr, dev):
+        calls.append((data["rewards"].shape, algo.epochs, algo.num_minibatches))
+        return real(policy, optimizer, data, algo, lr, dev)
+
+    monkeypatch.setattr(planning, "ppo_update", spy)
+    monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path))
+    cfg = _cfg("algo.num_minibatches=4")  # 8 envs x 16 steps -> minibatches of 32
+    with Cluster(ClusterConfig(backend="local")) as cluster:
+        prof = profile_embodied(cfg, cluster, log=lambda *_: None)
+    m = planning.ACTOR_PROBE_MINIBATCHES
+    assert {shape for shape, _, _ in calls} == {(m, 32), (m, 16)}
+    assert {(epochs, mbs) for _, epochs, mbs in calls} == {(1, m)}
+    assert {b for b, _, _ in prof.meta["probes"]["actor"]} == {32, 16}
