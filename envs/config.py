@@ -29,9 +29,11 @@ class EnvConfig:
     worker_spin_us: int = 200
     """Multiprocess backend: longest busy-wait (microseconds) of an env process for its next
     command, used only while commands follow its replies that fast (a tight stepping loop; not
-    while a policy runs between steps) and only with no more processes than cores; 0 always
-    blocks. Measured in tight loops: +4% to +13% steps/s at 4-32 envs per process, no change with a
-    policy between steps (benchmarks/results/env_worker_spin.json)."""
+    while a policy runs between steps) and only with no more processes than cores; and the window
+    around a step's typical duration in which the parent polls for its reply (after sleeping
+    through the rest), only with fewer processes than cores. 0 always blocks. Measured in tight
+    loops: worker spin +4% to +13% steps/s at 4-32 envs per process, no change with a policy
+    between steps (benchmarks/results/env_worker_spin.json)."""
     max_episode_steps: int | None = None
     """Time limit (truncation); None keeps the task's default."""
     ignore_terminations: bool = False

@@ -253,6 +253,54 @@ class CommandWaiter:
         self.replied_at = time.perf_counter()
 
 
+class ReplyWaiter:
+    """How the parent waits for a step's reply: sleep through most of it, spin for its end.
+
+    A parent blocked on the pipe is woken by the worker's reply (a wake-up of tens of microseconds
+    on a virtual machine, during which the worker idles too). The parent keeps the durations of
+    the last steps; for the next one it sleeps until ``spin_s`` before the typical duration and
+    then polls (yielding the core to any other runnable process) until ``spin_s`` after it, so a
+    reply that comes when steps usually come is seen at once; an earlier one wakes the sleep as
+    before, a later one is waited for blocking. ``spin_s=0`` always blocks. Only used while the
+    parent has a core its workers do not need (fewer workers than cores).
+    """
+
+    def __init__(self, fileno: int, spin_s: float, window: int = 9) -> None:
+        self.fileno = fileno
+        self.poller = select.poll()
+        self.poller.register(fileno, select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR)
+        self.spin_s = spin_s
+        self.window = window
+        self.durations: list[float] = []  # seconds from sending a step to its reply, the last ``window``
+        self.spins = 0  # waits that spun (for tests and diagnostics)
+
+    def typical(self) -> float | None:
+        if self.spin_s <= 0 or len(self.durations) < 3:
+            return None
+        return sorted(self.durations)[len(self.durations) // 2]
+
+    def wait(self, sent_at: float) -> None:
+        """Sleep and spin as described; returns when the reply is readable or the window is over
+        (the caller then blocks as usual)."""
+        typical = self.typical()
+        if typical is None:
+            return
+        spin_from, spin_until = sent_at + typical - self.spin_s, sent_at + typical + self.spin_s
+        now = time.perf_counter()
+        if now < spin_from:
+            if select.select([self.fileno], [], [], spin_from - now)[0]:
+                return  # an early reply woke the sleep
+            now = time.perf_counter()
+        self.spins += 1
+        while not self.poller.poll(0) and now < spin_until:
+            os.sched_yield()
+            now = time.perf_counter()
+
+    def replied(self, sent_at: float) -> None:
+        self.durations.append(time.perf_counter() - sent_at)
+        del self.durations[: -self.window]
+
+
 def _worker_main(
     index: int,
     conn: Connection,
@@ -391,9 +439,10 @@ class MultiprocessVecEnv(VecEnv):
     threads_per_worker: size of each worker's thread pools (torch, OpenMP, BLAS, llvmpipe); set
                   before the simulator is imported. 1 keeps N workers on N cores from oversubscribing.
     spin_s:       longest busy-wait of a worker for its next command when commands usually follow
-                  its replies within that time (a tight stepping loop); 0 always blocks. Off when
-                  there are more workers than cores, where a spinning worker would hold a core
-                  another worker needs. See :class:`CommandWaiter`.
+                  its replies within that time (a tight stepping loop), and of the parent around
+                  the typical arrival of a step's reply; 0 always blocks. Workers do not spin with
+                  more workers than cores (a spinning worker would hold a core another one needs),
+                  the parent only with fewer. See :class:`CommandWaiter` and :class:`ReplyWaiter`.
 
     Workers run on the CPU cores this process may use when it makes them (its affinity), so a
     pipeline that pins its env worker to some cores pins that worker's env processes too.
@@ -433,9 +482,14 @@ class MultiprocessVecEnv(VecEnv):
         ctx = mp.get_context(context)
         env_vars = dict(os.environ)
         cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-        if self.num_procs > (len(cores) if cores is not None else os.cpu_count() or 1):
+        num_cores = len(cores) if cores is not None else os.cpu_count() or 1
+        if self.num_procs > num_cores:
             spin_s = 0.0  # more workers than cores: a spinning worker would hold a core another one needs
         self.spin_s = spin_s
+        # The parent spins for replies only with a core to itself (fewer workers than cores).
+        self.reply_spin_s = spin_s if self.num_procs < num_cores else 0.0
+        self._reply_waiters: list[ReplyWaiter] = []
+        self._sent_at: float | None = None  # when the step in flight was sent
         try:
             for i, (start, end) in enumerate(self.bounds):
                 shard_instr = self._instructions[start:end] if self._instructions is not None else None
@@ -454,6 +508,7 @@ class MultiprocessVecEnv(VecEnv):
                 poller = select.poll()  # one per pipe: cheaper than Connection.poll's selector per call
                 poller.register(parent_conn.fileno(), select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR)
                 self._pollers.append(poller)
+                self._reply_waiters.append(ReplyWaiter(parent_conn.fileno(), self.reply_spin_s))
             spaces = self._gather("start", timeout_s=start_timeout_s)
             self.observation_space, self.action_space = spaces[0]
             if shared_memory:
@@ -481,8 +536,13 @@ class MultiprocessVecEnv(VecEnv):
         """One reply per worker, in worker order; raises after draining every live worker."""
         replies: list[Any] = [None] * len(self._conns)
         failure: Exception | None = None
+        sent_at = self._sent_at if command == "step" else None
         for i in range(len(self._conns)):
+            if sent_at is not None:
+                self._reply_waiters[i].wait(sent_at)
             status, value = self._recv(i, command, timeout_s)
+            if sent_at is not None:
+                self._reply_waiters[i].replied(sent_at)
             if status == "ok":
                 replies[i] = value
             elif failure is None:
@@ -570,6 +630,7 @@ class MultiprocessVecEnv(VecEnv):
                 f"the env's action space is {self.action_space}."
             )
         buffers = self._buffers
+        self._sent_at = time.perf_counter()
         if buffers is not None and actions.shape == buffers.actions.shape and actions.dtype == buffers.actions.dtype:
             self._begin("step_shared")
             buffers.actions[...] = actions

@@ -462,14 +462,61 @@ def test_command_waiter_spins_only_when_the_parent_answers_fast():
         os.close(write)
 
 
+def test_reply_waiter_sleeps_then_spins_around_the_typical_step():
+    import threading
+
+    from envs.multiprocess import ReplyWaiter
+
+    read, write = os.pipe()
+    try:
+        waiter = ReplyWaiter(read, spin_s=2e-3)
+        assert waiter.typical() is None  # no history yet: the caller blocks at once
+        sent = time.perf_counter()
+        waiter.wait(sent)
+        assert waiter.spins == 0 and time.perf_counter() - sent < 1e-3
+        waiter.durations = [20e-3, 18e-3, 22e-3]
+        assert waiter.typical() == pytest.approx(20e-3)
+        assert ReplyWaiter(read, spin_s=0).typical() is None  # spin off: always block
+
+        # A reply on time: the waiter sleeps until 2 ms before the typical 20 ms, spins, sees it.
+        sent = time.perf_counter()
+        threading.Timer(0.019, os.write, (write, b"r")).start()
+        waiter.wait(sent)
+        waited = time.perf_counter() - sent
+        assert 0.017 <= waited < 0.03 and waiter.spins == 1
+        assert os.read(read, 1) == b"r"
+        waiter.replied(sent)
+        assert len(waiter.durations) == 4 and waiter.durations[-1] >= 0.018
+        # An early reply wakes the sleep at once: no spin.
+        sent = time.perf_counter()
+        os.write(write, b"r")
+        waiter.wait(sent)
+        assert time.perf_counter() - sent < 5e-3 and waiter.spins == 1
+        os.read(read, 1)
+        # A late reply: the wait gives up 2 ms after the typical time and leaves it to the caller.
+        sent = time.perf_counter()
+        waiter.wait(sent)
+        assert 0.021 <= time.perf_counter() - sent < 0.05 and waiter.spins == 2
+    finally:
+        os.close(read)
+        os.close(write)
+
+
 def test_no_spin_with_more_workers_than_cores():
     from envs.multiprocess import DEFAULT_SPIN_S
 
     cores = len(os.sched_getaffinity(0))
     with MultiprocessVecEnv([cartpole] * (cores + 1), cores + 1) as env:
-        assert env.spin_s == 0.0
-    with MultiprocessVecEnv([cartpole] * 2, 1) as env:
-        assert env.spin_s == DEFAULT_SPIN_S
+        assert env.spin_s == 0.0 and env.reply_spin_s == 0.0
+    with MultiprocessVecEnv([cartpole] * cores, cores) as env:  # workers spin, the parent has no core of its own
+        assert env.spin_s == DEFAULT_SPIN_S and env.reply_spin_s == 0.0
+    if cores > 1:
+        with MultiprocessVecEnv([cartpole] * 2, 1) as env:
+            assert env.spin_s == env.reply_spin_s == DEFAULT_SPIN_S
+            env.reset(seed=0)
+            for _ in range(20):
+                env.step(np.zeros(2, np.int64))
+            assert env._reply_waiters[0].spins > 0  # steps came back-to-back: the parent spun for them
 
 
 def test_negative_spin_is_a_user_error():
