@@ -258,18 +258,20 @@ class ReplyWaiter:
 
     A parent blocked on the pipe is woken by the worker's reply (a wake-up of tens of microseconds
     on a virtual machine, during which the worker idles too). The parent keeps the durations of
-    the last steps; for the next one it sleeps until ``spin_s`` before the typical duration and
-    then polls (yielding the core to any other runnable process) until ``spin_s`` after it, so a
-    reply that comes when steps usually come is seen at once; an earlier one wakes the sleep as
-    before, a later one is waited for blocking. ``spin_s=0`` always blocks. Only used while the
+    the last steps; for the next one it sleeps until a margin before the typical duration and then
+    polls (yielding the core to any other runnable process) until that margin after it, so a reply
+    that comes when steps usually come is seen at once; an earlier one wakes the sleep as before, a
+    later one is waited for blocking. The margin is ``spin_s`` or ``fraction`` of the typical step,
+    whichever is longer (a slow step varies more). ``spin_s=0`` always blocks. Only used while the
     parent has a core its workers do not need (fewer workers than cores).
     """
 
-    def __init__(self, fileno: int, spin_s: float, window: int = 9) -> None:
+    def __init__(self, fileno: int, spin_s: float, fraction: float = 0.1, window: int = 9) -> None:
         self.fileno = fileno
         self.poller = select.poll()
         self.poller.register(fileno, select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR)
         self.spin_s = spin_s
+        self.fraction = fraction
         self.window = window
         self.durations: list[float] = []  # seconds from sending a step to its reply, the last ``window``
         self.spins = 0  # waits that spun (for tests and diagnostics)
@@ -285,7 +287,8 @@ class ReplyWaiter:
         typical = self.typical()
         if typical is None:
             return
-        spin_from, spin_until = sent_at + typical - self.spin_s, sent_at + typical + self.spin_s
+        margin = max(self.spin_s, self.fraction * typical)
+        spin_from, spin_until = sent_at + typical - margin, sent_at + typical + margin
         now = time.perf_counter()
         if now < spin_from:
             if select.select([self.fileno], [], [], spin_from - now)[0]:

@@ -469,7 +469,7 @@ def test_reply_waiter_sleeps_then_spins_around_the_typical_step():
 
     read, write = os.pipe()
     try:
-        waiter = ReplyWaiter(read, spin_s=2e-3)
+        waiter = ReplyWaiter(read, spin_s=2e-3, fraction=0.05)
         assert waiter.typical() is None  # no history yet: the caller blocks at once
         sent = time.perf_counter()
         waiter.wait(sent)
@@ -497,6 +497,11 @@ def test_reply_waiter_sleeps_then_spins_around_the_typical_step():
         sent = time.perf_counter()
         waiter.wait(sent)
         assert 0.021 <= time.perf_counter() - sent < 0.05 and waiter.spins == 2
+        # Slow steps: the margin is 5% of the typical 60 ms (3 ms), longer than spin_s.
+        waiter.durations = [60e-3] * 3
+        sent = time.perf_counter()
+        waiter.wait(sent)
+        assert 0.0625 <= time.perf_counter() - sent < 0.09 and waiter.spins == 3
     finally:
         os.close(read)
         os.close(write)
