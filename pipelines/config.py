@@ -31,7 +31,8 @@ class PPOConfig:
     total_env_steps: int = 100_000
     """Training budget in env steps (summed over all envs)."""
     rollout_steps: int = 128
-    """Steps per env per iteration (the rollout length T)."""
+    """Decisions per env per iteration (the rollout length T): env steps, or action chunks of
+    ``policy.action_chunk`` env steps each."""
     lr: float = 3e-4
     """Adam learning rate."""
     anneal_lr: bool = True
@@ -193,4 +194,6 @@ class TrainConfig:
 
     @property
     def steps_per_iteration(self) -> int:
-        return self.workers.env * self.env.num_envs * self.algo.rollout_steps
+        """Env steps an iteration asks for (an env whose episode ends inside an action chunk skips
+        the rest of that chunk, so it may take a few less)."""
+        return self.workers.env * self.env.num_envs * self.algo.rollout_steps * self.policy.action_chunk

@@ -175,7 +175,7 @@ class EmbodiedPPO:
         env_out, roll_out = env_f.wait(), roll_f.wait()
         episodes = [e for out in env_out for e in out["episodes"]]
         self.recent.extend(episodes)
-        steps = cfg.steps_per_iteration
+        steps = sum(int(out["env_steps"]) for out in env_out)  # taken (action chunks may end early)
         self.env_steps += steps
         self.iteration += 1
         metrics: dict[str, Any] = {

@@ -47,7 +47,9 @@ def evaluate_policy(
             actions = out.actions.cpu().numpy()
             if low is not None:
                 actions = np.clip(actions, env.action_space.low, env.action_space.high)
-            res = env.step(actions)
+            # an action chunk (N, C, *action_shape) is applied step by step; a finished episode
+            # skips the rest of its chunk
+            res = env.chunk_step(actions) if policy.action_chunk > 1 else env.step(actions)
             for i in np.flatnonzero(to_numpy(res.episodes.done)):
                 if done_count[i] < quota[i]:
                     rows.extend(r for r in _episode_row(res.episodes, i))

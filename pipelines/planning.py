@@ -103,19 +103,24 @@ def _probe_env(cfg: TrainConfig, cores: int, log) -> tuple[Probe, dict[str, np.n
                 obs_sample, obs_space, action_space = obs, env.observation_space, env.action_space
             rng = np.random.default_rng(0)
             space = env.action_space
+            chunk = cfg.policy.action_chunk  # a worker's call: one step, or chunk_step of C actions
+            lead = (b,) if chunk == 1 else (b, chunk)
 
             def step() -> None:
                 if hasattr(space, "low"):
-                    actions = rng.uniform(space.low, space.high, size=(b, *space.shape)).astype(np.float32)
+                    actions = rng.uniform(space.low, space.high, size=(*lead, *space.shape)).astype(np.float32)
                 else:
-                    actions = rng.integers(0, space.n, size=b)
-                env.step(actions)
+                    actions = rng.integers(0, space.n, size=lead)
+                if chunk == 1:
+                    env.step(actions)
+                else:
+                    env.chunk_step(actions)
 
             seconds = time_call(step, warmup=3, repeats=8)
         finally:
             env.close()
         probe.add(b, procs, seconds)
-        log(f"  env     batch {b:>4} on {procs} core(s): {seconds * 1e3:8.2f} ms/step")
+        log(f"  env     batch {b:>4} on {procs} core(s): {seconds * 1e3:8.2f} ms/{'step' if cfg.policy.action_chunk == 1 else 'chunk'}")
     if not any(procs > 1 for _, procs in shapes):
         probe.scaling_exponent = 0.0  # one process cannot use more cores: more devices do not help
     return probe, obs_sample, obs_space, action_space
@@ -271,7 +276,7 @@ def profile_embodied(cfg: TrainConfig, cluster: Cluster, force: bool = False, lo
     obs_mib = _obs_mib_per_env(obs)
     latency_s, s_per_mib = _probe_transfer(cluster, obs_mib * cfg.env.num_envs, log)
     weights_mib = sum(p.numel() * p.element_size() for p in policy.state_dict().values()) / MIB
-    action_mib = float(np.prod(action_space.shape or (1,))) * 4 / MIB
+    action_mib = float(np.prod(action_space.shape or (1,))) * 4 * cfg.policy.action_chunk / MIB
     profile = Profile(
         components={
             "env": ComponentProfile("env", env_probe.fit(), memory_gib=0.0, output_mib_per_item=obs_mib),

@@ -18,9 +18,41 @@ def bootstraps(terminated: Any, truncated: Any, algo: PPOConfig) -> Any:
     return truncated | terminated if algo.bootstrap_terminated else truncated
 
 
+def chunk_transition(
+    rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, valid: np.ndarray, gamma: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One decision's transition from a chunk of C env steps (``VecEnv.chunk_step``), as a
+    semi-MDP step: ``(reward, terminated, truncated, steps)``, each (N,).
+
+    ``reward`` is the chunk's discounted return ``sum_j gamma**j * rewards[:, j]`` over its valid
+    steps; ``terminated``/``truncated`` say how the episode ended inside the chunk (termination
+    wins); ``steps`` counts the env steps taken. With GAE at discount ``gamma**C`` per decision
+    (:func:`compute_advantages` with ``action_chunk=C``) a chunk that ran to its end is discounted
+    exactly as its C steps; a truncated one is bootstrapped from its final observation after
+    ``steps`` steps, so its final value is scaled by ``gamma ** (steps - C)`` (see
+    :func:`bootstrap_scale`).
+
+    rewards: (N, C) float; terminated, truncated, valid: (N, C) bool.
+    """
+    valid = np.asarray(valid, bool)
+    chunk = rewards.shape[1]
+    discounts = gamma ** np.arange(chunk, dtype=np.float64)
+    reward = (np.where(valid, rewards, 0.0) * discounts).sum(1).astype(np.float32)
+    term = (np.asarray(terminated, bool) & valid).any(1)
+    trunc = (np.asarray(truncated, bool) & valid).any(1) & ~term
+    return reward, term, trunc, valid.sum(1)
+
+
+def bootstrap_scale(steps: np.ndarray, chunk: int, gamma: float) -> np.ndarray:
+    """``gamma ** (steps - chunk)`` (N,): turns GAE's per-decision ``gamma**chunk`` into the
+    ``gamma**steps`` that a chunk cut short after ``steps`` steps should discount its bootstrap by."""
+    return (gamma ** (np.asarray(steps, np.float64) - chunk)).astype(np.float32)
+
+
 def compute_advantages(data: dict[str, Any], algo: PPOConfig, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE advantages and returns (T, B) of a batch; ``algo.bootstrap_terminated`` bootstraps
-    terminations from ``final_values`` like truncations."""
+    terminations from ``final_values`` like truncations. A batch of action chunks
+    (``data["action_chunk"]`` = C > 1, one decision per chunk) discounts by ``gamma**C`` per decision."""
     tens = lambda x: torch.as_tensor(np.asarray(x), device=dev)  # noqa: E731
     terminated, truncated = tens(data["terminated"]).bool(), tens(data["truncated"]).bool()
     if algo.bootstrap_terminated:  # every episode end bootstraps from V(final obs), like a time limit
@@ -32,7 +64,7 @@ def compute_advantages(data: dict[str, Any], algo: PPOConfig, dev: torch.device)
         truncated,
         tens(data["final_values"]).float(),
         tens(data["last_values"]).float(),
-        gamma=algo.gamma,
+        gamma=algo.gamma ** int(data.get("action_chunk", 1)),
         lam=algo.gae_lambda,
     )
 
@@ -41,7 +73,8 @@ def ppo_update(policy: Policy, optimizer: torch.optim.Optimizer, data: dict[str,
     """GAE + ``algo.epochs`` epochs of minibatch PPO on ``data``.
 
     data: ``obs`` dict of (T, B, ...), ``actions`` (T, B, ...), ``logprobs``/``values``/``rewards``/
-    ``final_values`` (T, B), ``terminated``/``truncated`` (T, B) bool, ``last_values`` (B,).
+    ``final_values`` (T, B), ``terminated``/``truncated`` (T, B) bool, ``last_values`` (B,), and
+    optionally ``action_chunk`` (C: each of the T steps is a decision of C env steps).
     Returns mean losses and stats over the minibatches (namespaced keys).
     """
     tens = lambda x: torch.as_tensor(np.asarray(x), device=dev)  # noqa: E731

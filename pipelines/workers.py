@@ -33,7 +33,7 @@ from embodied.seeding import seed_everything
 from envs.base import Obs, to_numpy
 from envs.registry import make_vec_env
 from pipelines.config import TrainConfig
-from pipelines.ppo import bootstraps, ppo_update
+from pipelines.ppo import bootstrap_scale, bootstraps, chunk_transition, ppo_update
 from scheduler import chunk_sizes
 from policies.registry import build_policy
 
@@ -43,13 +43,15 @@ OBS_KEY = "obs"
 @dataclass
 class EnvOutput:
     """One message from an env chunk to the rollout. ``reward`` etc. are None for the first
-    observation of an iteration (no transition led to it)."""
+    observation of an iteration (no transition led to it). With action chunks (C > 1) ``reward``,
+    ``terminated``, ``truncated`` and ``valid`` are the chunk's per-step (B, C) arrays."""
 
     obs: Obs
     reward: np.ndarray | None = None
     terminated: np.ndarray | None = None
     truncated: np.ndarray | None = None
     final_obs: Obs | None = None
+    valid: np.ndarray | None = None
 
 
 class BlockRoute:
@@ -121,9 +123,13 @@ class EnvWorker(Worker):
         return self.envs[0].observation_space, self.envs[0].action_space
 
     def interact(self, num_steps: int, obs_channel: Channel, action_channel: Channel) -> dict[str, Any]:
-        """Run ``num_steps`` steps of every chunk; returns the episodes that finished."""
+        """Run ``num_steps`` decisions of every chunk (one env step each, or an action chunk of
+        ``policy.action_chunk`` steps through ``chunk_step``); returns the episodes that finished,
+        the seconds spent simulating and the env steps taken."""
         episodes: list[dict[str, float]] = []
         sim_s = 0.0
+        env_steps = 0
+        chunked = self.cfg.policy.action_chunk > 1
         keys = [self.rank * self.num_chunks + c for c in range(self.num_chunks)]
         for c, env in enumerate(self.envs):
             if self.obs[c] is None:
@@ -135,15 +141,22 @@ class EnvWorker(Worker):
             for c, env in enumerate(self.envs):
                 actions = action_channel.get(keys[c])
                 t0 = time.perf_counter()
-                res = env.step(actions)
-                sim_s += time.perf_counter() - t0
+                if chunked:
+                    res = env.chunk_step(actions)
+                    sim_s += time.perf_counter() - t0
+                    valid = to_numpy(res.valid).astype(bool)
+                    env_steps += int(valid.sum())
+                    out = EnvOutput(res.obs, to_numpy(res.rewards), to_numpy(res.terminated), to_numpy(res.truncated),
+                                    res.final_obs, valid)
+                else:
+                    res = env.step(actions)
+                    sim_s += time.perf_counter() - t0
+                    env_steps += env.num_envs
+                    out = EnvOutput(res.obs, to_numpy(res.reward), to_numpy(res.terminated), to_numpy(res.truncated), res.final_obs)
                 self.obs[c] = res.obs
                 episodes.extend(res.episodes.finished())
-                obs_channel.put(
-                    keys[c],
-                    EnvOutput(res.obs, to_numpy(res.reward), to_numpy(res.terminated), to_numpy(res.truncated), res.final_obs),
-                )
-        return {"episodes": episodes, "sim_s": sim_s}
+                obs_channel.put(keys[c], out)
+        return {"episodes": episodes, "sim_s": sim_s, "env_steps": env_steps}
 
     def close(self) -> None:
         for env in self.envs:
@@ -225,16 +238,24 @@ class RolloutWorker(Worker):
         return self.policy.value(to_torch(obs, self.device)).float().cpu().numpy()
 
     def _record(self, traj: _Trajectory, out: EnvOutput) -> None:
-        """Complete the previous transition of this chunk with the env's reward and dones."""
+        """Complete the previous transition of this chunk with the env's reward and dones (for an
+        action chunk: its discounted reward and how it ended, see :func:`chunk_transition`)."""
         assert out.reward is not None and out.terminated is not None and out.truncated is not None
-        traj.rewards.append(out.reward.astype(np.float32) * self.cfg.algo.reward_scale)
-        traj.terminated.append(out.terminated.astype(bool))
-        traj.truncated.append(out.truncated.astype(bool))
-        final_values = np.zeros(len(out.reward), np.float32)
-        bootstrap = bootstraps(out.terminated, out.truncated, self.cfg.algo)
+        algo = self.cfg.algo
+        reward, terminated, truncated = out.reward, out.terminated.astype(bool), out.truncated.astype(bool)
+        steps = None
+        if out.valid is not None:
+            reward, terminated, truncated, steps = chunk_transition(reward, terminated, truncated, out.valid, algo.gamma)
+        traj.rewards.append(reward.astype(np.float32) * algo.reward_scale)
+        traj.terminated.append(terminated)
+        traj.truncated.append(truncated)
+        final_values = np.zeros(len(reward), np.float32)
+        bootstrap = bootstraps(terminated, truncated, algo)
         if bootstrap.any() and out.final_obs is not None:
             rows = np.flatnonzero(bootstrap)
             final_values[rows] = self._values({k: v[rows] for k, v in out.final_obs.items()})
+            if steps is not None:  # cut short after steps[rows] of the chunk's C steps
+                final_values[rows] *= bootstrap_scale(steps[rows], out.valid.shape[1], algo.gamma)
         traj.final_values.append(final_values)
 
     @torch.no_grad()
@@ -333,6 +354,7 @@ class ActorWorker(Worker):
             moved = self.offloader.onload()
             switch = {"offload/onload_s": moved.seconds, "offload/bytes": float(moved.bytes_moved)}
         data = concat_batches([{k: v for k, v in b.items() if k != "version"} for b in batches])
+        data["action_chunk"] = self.cfg.policy.action_chunk
         stats = ppo_update(self.policy, self.optimizer, data, self.cfg.algo, lr, self.device)
         self.version += 1
         if self.offload_between_phases:

@@ -20,6 +20,9 @@ class PolicyConfig:
     """Initial log standard deviation of the Gaussian policy (continuous actions)."""
     normalize_obs: bool = False
     """Normalize state observations with running mean/std statistics updated by the trainer."""
+    action_chunk: int = 1
+    """Actions predicted per observation (C, a VLA's action chunk): the env applies them one after
+    another (``chunk_step``) and PPO treats the chunk as one decision. 1: one action per step."""
     device: str = "cpu"
     """Device of rollout inference: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``."""
     kwargs: dict[str, Any] = field(default_factory=dict)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import gymnasium as gym
 
+from embodied.errors import UserError
 from embodied.registry import Registry
 from policies.base import Policy
 from policies.config import PolicyConfig
@@ -18,4 +19,13 @@ def build_policy(cfg: PolicyConfig, observation_space: gym.spaces.Dict, action_s
     """Instantiate the registered policy ``cfg.name`` for these spaces."""
     import policies.models  # noqa: F401  (registers the built-in models)
 
-    return POLICIES.get(cfg.name)(cfg, observation_space, action_space)
+    chunk = cfg.action_chunk
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise UserError(f"policy.action_chunk={chunk!r} must be a positive integer (1: one action per step).")
+    policy = POLICIES.get(cfg.name)(cfg, observation_space, action_space)
+    if policy.action_chunk != chunk:
+        raise UserError(
+            f"policy {cfg.name!r} predicts {policy.action_chunk} action(s) per observation, not "
+            f"policy.action_chunk={chunk}; it does not support action chunks."
+        )
+    return policy

@@ -62,7 +62,11 @@ class RunningNorm(nn.Module):
 class ActorCriticHeads(Policy):
     """Actor and critic MLP heads on features from ``_features(obs)`` (B, F), with a Categorical
     (Discrete) or state-independent Gaussian (Box) action distribution. Subclasses build the
-    encoder and call :meth:`_build_heads`."""
+    encoder and call :meth:`_build_heads`.
+
+    With ``policy.action_chunk`` C > 1 the actor predicts C actions at once (its output layer is
+    C times wider): actions are (B, C, *action_shape) (Box) or (B, C) (Discrete), and a chunk's
+    logprob and entropy are the sums over its C actions (independent given the observation)."""
 
     def _build_heads(self, cfg: PolicyConfig, action_space: gym.spaces.Space, feature_dim: int, name: str) -> None:
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
@@ -74,25 +78,41 @@ class ActorCriticHeads(Policy):
             self.action_shape = tuple(action_space.shape)
         else:
             raise UserError(f"policy {name!r} supports Discrete and Box action spaces, not {action_space}.")
+        self.action_chunk = int(cfg.action_chunk)
         hidden = list(cfg.hidden_sizes)
-        self.actor = mlp(feature_dim, hidden, self.act_dim, cfg.activation, out_gain=0.01)
+        self.actor = mlp(feature_dim, hidden, self.action_chunk * self.act_dim, cfg.activation, out_gain=0.01)
         self.critic = mlp(feature_dim, hidden, 1, cfg.activation, out_gain=1.0)
         if not self.discrete:
-            self.log_std = nn.Parameter(torch.full((self.act_dim,), float(cfg.init_log_std)))
+            self.log_std = nn.Parameter(torch.full((self.action_chunk * self.act_dim,), float(cfg.init_log_std)))
 
     def _features(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         raise NotImplementedError
 
     def _dist(self, x: torch.Tensor) -> torch.distributions.Distribution:
-        logits_or_mean = self.actor(x)
-        if self.discrete:
-            return Categorical(logits=logits_or_mean)
-        return Normal(logits_or_mean, self.log_std.exp().expand_as(logits_or_mean))
+        out = self.actor(x)  # (B, C * act_dim)
+        if self.discrete:  # one Categorical per chunk step: batch shape (B,) or (B, C)
+            logits = out if self.action_chunk == 1 else out.reshape(out.shape[0], self.action_chunk, self.act_dim)
+            return Categorical(logits=logits)
+        return Normal(out, self.log_std.exp().expand_as(out))
 
     def _logprob(self, dist: torch.distributions.Distribution, actions: torch.Tensor) -> torch.Tensor:
+        batch = actions.shape[0]
+        if self.discrete and self.action_chunk == 1:
+            return dist.log_prob(actions.long().reshape(batch))
         if self.discrete:
-            return dist.log_prob(actions.long().reshape(-1))
-        return dist.log_prob(actions.reshape(actions.shape[0], -1)).sum(-1)
+            return dist.log_prob(actions.long().reshape(batch, self.action_chunk)).sum(-1)
+        return dist.log_prob(actions.reshape(batch, -1)).sum(-1)
+
+    def _entropy(self, dist: torch.distributions.Distribution) -> torch.Tensor:
+        entropy = dist.entropy()
+        return entropy if self.discrete and self.action_chunk == 1 else entropy.sum(-1)
+
+    def _shape_actions(self, actions: torch.Tensor) -> torch.Tensor:
+        """Flat samples -> (B, *action_shape), (B, C, *action_shape) or (B, C) for Discrete chunks."""
+        if self.discrete:
+            return actions
+        chunk = () if self.action_chunk == 1 else (self.action_chunk,)
+        return actions.reshape(actions.shape[0], *chunk, *self.action_shape)
 
     def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> ActionOutput:
         x = self._features(obs)
@@ -102,15 +122,12 @@ class ActorCriticHeads(Policy):
         else:
             actions = dist.sample()
         logprobs = self._logprob(dist, actions)
-        if not self.discrete:
-            actions = actions.reshape(actions.shape[0], *self.action_shape)
-        return ActionOutput(actions, logprobs, self.critic(x).squeeze(-1))
+        return ActionOutput(self._shape_actions(actions), logprobs, self.critic(x).squeeze(-1))
 
     def evaluate(self, obs: dict[str, torch.Tensor], actions: torch.Tensor) -> Evaluation:
         x = self._features(obs)
         dist = self._dist(x)
-        entropy = dist.entropy() if self.discrete else dist.entropy().sum(-1)
-        return Evaluation(self._logprob(dist, actions), entropy, self.critic(x).squeeze(-1))
+        return Evaluation(self._logprob(dist, actions), self._entropy(dist), self.critic(x).squeeze(-1))
 
     def value(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.critic(self._features(obs)).squeeze(-1)

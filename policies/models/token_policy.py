@@ -49,7 +49,6 @@ TOKEN_KWARGS: dict[str, Any] = {
     "num_bins": 256,  # tokens per action dimension (OpenVLA: 256)
     "patch_size": 16,  # pixels per patch side of the image tokenizer
     "state_tokens": 4,  # tokens the state is split into when there is no camera
-    "action_chunk": 1,  # actions predicted per observation (C)
 }
 
 
@@ -130,7 +129,7 @@ class TokenActionPolicy(Policy):
         self.action_shape = tuple(action_space.shape)
         self.tokenizer = ActionTokenizer(action_space.low, action_space.high, options["num_bins"])
         self.act_dim = self.tokenizer.action_dim
-        self.action_chunk = options["action_chunk"]
+        self.action_chunk = cfg.action_chunk  # C actions per observation
         self.num_action_tokens = self.action_chunk * self.act_dim  # T
 
         self.cameras = camera_keys(observation_space)

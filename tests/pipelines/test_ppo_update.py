@@ -38,3 +38,53 @@ def test_truncation_bootstraps_either_way():
         algo = PPOConfig(gamma=0.5, gae_lambda=1.0, bootstrap_terminated=bootstrap)
         _, ret = compute_advantages(_data([0, 0, 0], [0, 1, 0]), algo, torch.device("cpu"))
         assert ret[1, 0].item() == pytest.approx(1 + 0.5 * 4.0)
+
+
+# -- action chunks: one decision per chunk, discounted as its env steps -------------------------------
+
+
+def test_chunk_transition_by_hand():
+    """Chunks of C=3 steps, gamma 0.5: env 0 runs the chunk out, env 1 terminates at its second
+    step (its third is not part of the episode), env 2 is truncated at its first step."""
+    from pipelines.ppo import bootstrap_scale, chunk_transition
+
+    rewards = np.array([[1.0, 2.0, 4.0], [1.0, 2.0, 9.0], [3.0, 0.0, 0.0]], np.float32)
+    terminated = np.array([[0, 0, 0], [0, 1, 0], [0, 0, 0]], bool)
+    truncated = np.array([[0, 0, 0], [0, 0, 0], [1, 0, 0]], bool)
+    valid = np.array([[1, 1, 1], [1, 1, 0], [1, 0, 0]], bool)
+    reward, term, trunc, steps = chunk_transition(rewards, terminated, truncated, valid, gamma=0.5)
+    np.testing.assert_allclose(reward, [1 + 0.5 * 2 + 0.25 * 4, 1 + 0.5 * 2, 3.0])
+    assert term.tolist() == [False, True, False] and trunc.tolist() == [False, False, True]
+    assert steps.tolist() == [3, 2, 1]
+    np.testing.assert_allclose(bootstrap_scale(steps, 3, 0.5), [1.0, 2.0, 4.0])  # 0.5 ** (steps - 3)
+
+
+def test_chunked_gae_equals_the_per_step_discounted_return():
+    """With lambda 1 a chunk-level advantage is the per-step discounted return (bootstrapped by
+    V at the end, or by V(final obs) of a truncation inside a chunk, after the steps taken)."""
+    from pipelines.ppo import bootstrap_scale, chunk_transition
+
+    gamma, chunk = 0.9, 4
+    rng = np.random.default_rng(0)
+    step_rewards = rng.normal(size=(3, 1, chunk)).astype(np.float32)  # 3 decisions of one env
+    valid = np.ones((3, 1, chunk), bool)
+    truncated = np.zeros((3, 1, chunk), bool)
+    valid[2, 0, 2:] = False  # the episode is truncated at the second step of the last chunk
+    truncated[2, 0, 1] = True
+    values, v_final, v_last = np.array([[0.3], [-0.2], [0.1]], np.float32), 1.5, 7.0
+    rows = [chunk_transition(step_rewards[t], np.zeros((1, chunk), bool), truncated[t], valid[t], gamma) for t in range(3)]
+    data = {
+        "rewards": np.stack([r[0] for r in rows]),
+        "values": values,
+        "terminated": np.stack([r[1] for r in rows]),
+        "truncated": np.stack([r[2] for r in rows]),
+        "final_values": np.array([[0.0], [0.0], [v_final * bootstrap_scale(rows[2][3], chunk, gamma)[0]]], np.float32),
+        "last_values": np.array([v_last], np.float32),  # belongs to the next episode: must not leak in
+        "action_chunk": chunk,
+    }
+    adv, _ = compute_advantages(data, PPOConfig(gamma=gamma, gae_lambda=1.0), torch.device("cpu"))
+    flat = step_rewards.reshape(-1)[: 2 * chunk + 2]  # the 10 steps the episode took
+    discounted = sum(gamma**k * r for k, r in enumerate(flat)) + gamma ** len(flat) * v_final
+    assert adv[0, 0].item() == pytest.approx(discounted - values[0, 0], rel=1e-5)
+    later = sum(gamma**k * r for k, r in enumerate(flat[chunk:])) + gamma ** (len(flat) - chunk) * v_final
+    assert adv[1, 0].item() == pytest.approx(later - values[1, 0], rel=1e-5)

@@ -150,3 +150,61 @@ def test_clear_errors() -> None:
         mlp(3, [4], 2, "swish", out_gain=1.0)
     with pytest.raises(UserError, match="Unknown policy 'mlpp'"):
         build_policy(PolicyConfig(name="mlpp"), STATE, BOX)
+
+
+@pytest.mark.parametrize(
+    "action_space,chunk_shape",
+    [(BOX, (5, 4, 3)), (BOX_2D, (5, 4, 2, 3)), (DISCRETE, (5, 4))],
+    ids=["box", "box-2d", "discrete"],
+)
+def test_action_chunks(action_space: gym.spaces.Space, chunk_shape: tuple[int, ...]) -> None:
+    """policy.action_chunk=4: four actions per observation, logprob/entropy summed over them,
+    and evaluate agrees with act."""
+    policy = make(action_space, action_chunk=4, init_log_std=-0.5)
+    assert policy.action_chunk == 4
+    obs = states(5)
+    with torch.no_grad():
+        out = policy.act(obs)
+        ev = policy.evaluate(obs, out.actions)
+    assert out.actions.shape == chunk_shape and out.logprobs.shape == (5,)
+    torch.testing.assert_close(ev.logprobs, out.logprobs)
+    # The chunk's logprob is the sum of its steps' logprobs under the per-step distributions.
+    dist = policy._dist(policy._features(obs))
+    if action_space is DISCRETE:
+        per_step = dist.log_prob(out.actions)  # (5, 4)
+        entropy = dist.entropy().sum(-1)
+    else:
+        per_step = dist.log_prob(out.actions.reshape(5, -1))  # (5, 4 * act_dim)
+        entropy = dist.entropy().sum(-1)
+    torch.testing.assert_close(out.logprobs, per_step.sum(-1))
+    torch.testing.assert_close(ev.entropy, entropy)
+    with torch.no_grad():
+        mode = policy.act(obs, deterministic=True).actions
+    assert mode.shape == chunk_shape
+
+
+def test_action_chunk_errors() -> None:
+    with pytest.raises(UserError, match="policy.action_chunk=0 must be a positive integer"):
+        make(BOX, action_chunk=0)
+
+
+def test_a_policy_without_chunks_is_refused_a_chunk() -> None:
+    """A registered policy that ignores policy.action_chunk is caught at build time."""
+    from policies.base import Policy
+    from policies.registry import POLICIES
+
+    class OneStep(Policy):
+        def act(self, obs, deterministic=False):
+            raise NotImplementedError
+
+        def evaluate(self, obs, actions):
+            raise NotImplementedError
+
+    POLICIES.register("one_step_test", doc="test policy")(lambda cfg, obs_space, act_space: OneStep())
+    try:
+        with pytest.raises(UserError, match="does not support action chunks"):
+            build_policy(PolicyConfig(name="one_step_test", action_chunk=3), STATE, BOX)
+        assert isinstance(build_policy(PolicyConfig(name="one_step_test"), STATE, BOX), OneStep)
+    finally:
+        POLICIES._entries.pop("one_step_test", None)
+        POLICIES._docs.pop("one_step_test", None)

@@ -45,8 +45,10 @@ def sample_obs(space: gym.spaces.Dict, batch: int, seed: int = 0) -> dict[str, t
 def make(space: gym.spaces.Dict, action_space: gym.spaces.Space = BOX, **kwargs) -> Policy:
     torch.manual_seed(0)
     normalize = kwargs.pop("normalize_obs", False)
+    chunk = kwargs.pop("action_chunk", 1)
     return build_policy(
-        PolicyConfig(name="token_transformer", normalize_obs=normalize, kwargs={**SMALL, **kwargs}), space, action_space
+        PolicyConfig(name="token_transformer", normalize_obs=normalize, action_chunk=chunk, kwargs={**SMALL, **kwargs}),
+        space, action_space,
     )
 
 
