@@ -1,17 +1,19 @@
-"""Env worker spin-wait (``env.worker_spin_us``): paired A/B of the multiprocess backend with and
-without it, on the same envs in one run.
+"""Spin-waiting in the multiprocess backend (``env.worker_spin_us``): paired A/B/C of the same envs
+in one run, without any spin, with the workers' spin only, and with the parent's too (the default).
 
 A worker that blocks on its pipe pays a sleep and a wake-up per step; one that spins briefly
-catches a fast parent's next command at once. The spin is adaptive (only while commands follow
-replies within the budget) so a parent that runs a policy between steps should see no change.
-Each case keeps two ``MultiprocessVecEnv`` alive (spin 0 and the default) and steps them in
-alternating short windows for many rounds (this machine is shared and drifts; paired rounds see
-the same drift), then reports the median of the per-round ratios and how often the spin won:
+catches a fast parent's next command at once. A parent that blocks for a step's reply pays a
+wake-up too; it sleeps through the step and polls only around the step's typical duration
+(:class:`~envs.multiprocess.ReplyWaiter`, only with fewer worker processes than cores). Both are
+adaptive, so a parent that runs a policy between steps should see no change from the workers'
+spin. Each case keeps three ``MultiprocessVecEnv`` alive and steps them in alternating short
+windows for many rounds (this machine is shared and drifts; paired rounds see the same drift),
+then reports medians of the per-round ratios and how often each side won:
 
 * tight loops (random actions, no work between steps): HalfCheetah 8 and 32 envs per process,
   ManiSkill PushCube state 4 envs per process, with 1 and 2 processes;
 * a 2 ms "policy" between steps (a busy loop in this process): steps/s and the workers' CPU
-  seconds per step must not change, i.e. the spin stays off.
+  seconds per step must not change, i.e. the workers' spin stays off.
 
     python -m benchmarks.env_worker_spin [--rounds 16] [--window 0.4]
 
@@ -60,11 +62,12 @@ def busy(seconds: float) -> None:
         pass
 
 
-def window(env: MultiprocessVecEnv, actions: np.ndarray, seconds: float, gap_s: float) -> tuple[float, float]:
-    """(env steps/s, worker CPU seconds per batch step) over one window of back-to-back steps."""
-    for t in range(5):  # the spin decision looks at the last few gaps
+def window(env: MultiprocessVecEnv, actions: np.ndarray, seconds: float, gap_s: float) -> tuple[float, float, float]:
+    """(env steps/s, worker CPU seconds per batch step, this process's CPU seconds per batch step)
+    over one window of back-to-back steps."""
+    for t in range(5):  # the spin decisions look at the last few steps
         env.step(actions[t % len(actions)])
-    cpu0 = sum(process_cpu_s(pid) for pid in env.pids)
+    cpu0, parent0 = sum(process_cpu_s(pid) for pid in env.pids), time.process_time()
     t0, steps = time.perf_counter(), 0
     while time.perf_counter() - t0 < seconds:
         env.step(actions[steps % len(actions)])
@@ -73,46 +76,74 @@ def window(env: MultiprocessVecEnv, actions: np.ndarray, seconds: float, gap_s: 
             busy(gap_s)
     wall = time.perf_counter() - t0
     cpu = sum(process_cpu_s(pid) for pid in env.pids) - cpu0
-    return steps * env.num_envs / wall, cpu / steps
+    return steps * env.num_envs / wall, cpu / steps, (time.process_time() - parent0) / steps
+
+
+#: The variants of each case: (worker_spin_us, whether the parent polls for replies).
+VARIANTS = {"off": (0, False), "workers": (SPIN_US, False), "both": (SPIN_US, True)}
+
+
+def _make(cfg: EnvConfig, procs: int, per_proc: int, spin_us: int, parent: bool) -> MultiprocessVecEnv:
+    env = make_vec_env(replace(cfg, num_envs=procs * per_proc, num_procs=procs, backend="multiprocess", worker_spin_us=spin_us))
+    if not parent:  # the workers' spin alone: the parent blocks for every reply
+        for waiter in env._reply_waiters:
+            waiter.spin_s = 0.0
+    env.reset(seed=0)
+    return env
+
+
+def _paired(a: list[float], b: list[float]) -> tuple[float, float]:
+    """(median of b/a per round, share of rounds where b was faster)."""
+    ratios = [y / x for x, y in zip(a, b)]
+    return statistics.median(ratios), sum(r > 1 for r in ratios) / len(ratios)
 
 
 def run_case(name: str, cfg: EnvConfig, procs: int, per_proc: int, gap_s: float, rounds: int, seconds: float) -> dict[str, Any]:
     envs = {}
-    for spin in (0, SPIN_US):
-        envs[spin] = make_vec_env(replace(cfg, num_envs=procs * per_proc, num_procs=procs, backend="multiprocess", worker_spin_us=spin))
-        envs[spin].reset(seed=0)
     try:
-        space = envs[0].action_space
+        for variant, (spin_us, parent) in VARIANTS.items():
+            envs[variant] = _make(cfg, procs, per_proc, spin_us, parent)
+        space = envs["off"].action_space
         actions = np.random.default_rng(0).uniform(space.low, space.high, (16, procs * per_proc, *space.shape)).astype(np.float32)
-        rate: dict[int, list[float]] = {0: [], SPIN_US: []}
-        cpu: dict[int, list[float]] = {0: [], SPIN_US: []}
+        rate: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        parent_cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        names = list(VARIANTS)
         for r in range(rounds):
-            order = (0, SPIN_US) if r % 2 == 0 else (SPIN_US, 0)  # neither always goes first
-            for spin in order:
-                steps_per_s, cpu_per_step = window(envs[spin], actions, seconds, gap_s)
-                rate[spin].append(steps_per_s)
-                cpu[spin].append(cpu_per_step)
+            for variant in names[r % 3:] + names[: r % 3]:  # each goes first in turn
+                steps_per_s, cpu_per_step, parent_per_step = window(envs[variant], actions, seconds, gap_s)
+                rate[variant].append(steps_per_s)
+                cpu[variant].append(cpu_per_step)
+                parent_cpu[variant].append(parent_per_step)
+        workers_active = envs["both"].spin_s > 0
+        parent_active = envs["both"].reply_spin_s > 0
     finally:
         for env in envs.values():
             env.close()
-    ratios = [b / a for a, b in zip(rate[0], rate[SPIN_US])]
+    workers, workers_won = _paired(rate["off"], rate["workers"])
+    parent, parent_won = _paired(rate["workers"], rate["both"])
+    both, both_won = _paired(rate["off"], rate["both"])
     result = {
         "case": name,
         "env": cfg.id,
         "procs": procs,
         "envs_per_proc": per_proc,
         "policy_gap_s": gap_s,
-        "spin_active": envs[SPIN_US].spin_s > 0,
-        "steps_per_s_no_spin": statistics.median(rate[0]),
-        "steps_per_s_spin": statistics.median(rate[SPIN_US]),
-        "paired_ratio_median": statistics.median(ratios),
-        "spin_won_rounds": sum(r > 1 for r in ratios) / len(ratios),
-        "worker_cpu_ms_per_step_no_spin": 1e3 * statistics.median(cpu[0]),
-        "worker_cpu_ms_per_step_spin": 1e3 * statistics.median(cpu[SPIN_US]),
+        "workers_spin_active": workers_active,
+        "parent_spin_active": parent_active,
+        "steps_per_s": {v: statistics.median(rate[v]) for v in VARIANTS},
+        "paired_ratio_workers_vs_off": workers,
+        "workers_won_rounds": workers_won,
+        "paired_ratio_parent_vs_workers_only": parent,
+        "parent_won_rounds": parent_won,
+        "paired_ratio_both_vs_off": both,
+        "both_won_rounds": both_won,
+        "worker_cpu_ms_per_step": {v: 1e3 * statistics.median(cpu[v]) for v in VARIANTS},
+        "parent_cpu_ms_per_step": {v: 1e3 * statistics.median(parent_cpu[v]) for v in VARIANTS},
     }
-    print(f"  {name:<36} no spin {result['steps_per_s_no_spin']:8.0f}/s  spin {result['steps_per_s_spin']:8.0f}/s  "
-          f"paired x{result['paired_ratio_median']:.3f}  spin won {100 * result['spin_won_rounds']:.0f}% of rounds  "
-          f"worker cpu/step {result['worker_cpu_ms_per_step_no_spin']:.3f} -> {result['worker_cpu_ms_per_step_spin']:.3f} ms",
+    print(f"  {name:<36} off {result['steps_per_s']['off']:8.0f}/s  workers x{workers:.3f} (won {100 * workers_won:.0f}%)  "
+          f"+parent x{parent:.3f} (won {100 * parent_won:.0f}%)  both x{both:.3f}  "
+          f"parent cpu/step {result['parent_cpu_ms_per_step']['workers']:.3f} -> {result['parent_cpu_ms_per_step']['both']:.3f} ms",
           flush=True)
     return result
 
@@ -128,7 +159,7 @@ def main() -> None:
     ensure_vulkan_env()
     start = time.perf_counter()
     load_before = os.getloadavg()
-    print(f"env worker spin: {SPIN_US} us vs 0, {args.rounds} paired rounds of {args.window} s", flush=True)
+    print(f"env spin-waits: {SPIN_US} us, off / workers only / workers and parent, {args.rounds} rounds of {args.window} s", flush=True)
     results = [run_case(*case, rounds=args.rounds, seconds=args.window) for case in CASES if not args.only or args.only in case[0]]
     path = write_result("env_worker_spin", {
         "benchmark": "env_worker_spin",
@@ -140,9 +171,10 @@ def main() -> None:
         "loadavg_after": os.getloadavg(),
         "total_s": round(time.perf_counter() - start, 1),
         "cases": results,
-        "notes": "Paired rounds: each round steps both envs (spin 0, then the default, order alternating) for one window; "
-                 "paired_ratio_median is the median over rounds of spin/no-spin steps/s. worker CPU per step from /proc "
-                 "(10 ms resolution, summed over a window).",
+        "notes": "Paired rounds: each round steps the three envs (no spin; the workers' spin only; workers' and parent's, "
+                 "the default) for one window each, the first one rotating; paired ratios are medians over rounds of the "
+                 "per-round steps/s ratios. Worker CPU per step from /proc (10 ms resolution, summed over a window); parent "
+                 "CPU per step from this process's process_time (includes the busy 'policy' of the 2 ms case).",
     })
     print(f"wrote {path} in {time.perf_counter() - start:.0f} s")
 
