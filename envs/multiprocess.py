@@ -60,6 +60,8 @@ THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
 _LIVENESS_SLICE_MS = 500
 #: The one-byte command of the hot path: "step with the actions in shared memory".
 _STEP_SHARED = b"S"
+#: ``select`` takes only file descriptors below FD_SETSIZE.
+_SELECT_MAX_FD = 1024
 #: Longest busy-wait of a worker for its next command (see :class:`CommandWaiter`).
 DEFAULT_SPIN_S = 200e-6
 
@@ -290,14 +292,22 @@ class ReplyWaiter:
         margin = max(self.spin_s, self.fraction * typical)
         spin_from, spin_until = sent_at + typical - margin, sent_at + typical + margin
         now = time.perf_counter()
-        if now < spin_from:
-            if select.select([self.fileno], [], [], spin_from - now)[0]:
-                return  # an early reply woke the sleep
-            now = time.perf_counter()
+        if now < spin_from and self._sleep(spin_from - now):
+            return  # an early reply woke the sleep
+        now = time.perf_counter()
         self.spins += 1
         while not self.poller.poll(0) and now < spin_until:
             os.sched_yield()
             now = time.perf_counter()
+
+    def _sleep(self, seconds: float) -> bool:
+        """Block up to ``seconds`` for the reply; whether it came. ``select`` sleeps to the
+        microsecond but takes only descriptors below FD_SETSIZE (1024); above, ``poll`` sleeps
+        whole milliseconds, rounded down (the spin then starts up to 1 ms early)."""
+        if self.fileno < _SELECT_MAX_FD:
+            return bool(select.select([self.fileno], [], [], seconds)[0])
+        milliseconds = int(seconds * 1e3)
+        return milliseconds > 0 and bool(self.poller.poll(milliseconds))
 
     def replied(self, sent_at: float) -> None:
         self.durations.append(time.perf_counter() - sent_at)

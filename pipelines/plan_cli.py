@@ -45,7 +45,8 @@ def cmd_plan(args: list[str]) -> int:
     baseline = sequential_plan(workflow, resources, profile)
     base_timeline = simulate(baseline, profile, workflow, resources)
     best = result.best
-    print(f"workflow: {workflow.num_envs} envs x {workflow.rollout_steps} steps, {workflow.train_epochs} epochs; "
+    steps = "steps" if cfg.policy.action_chunk == 1 else f"chunks of {cfg.policy.action_chunk} actions"
+    print(f"workflow: {workflow.num_envs} envs x {workflow.rollout_steps} {steps}, {workflow.train_epochs} epochs; "
           f"{len(resources)} {resources.devices[0].kind} devices")
     print(result.format_table(limit=12))
     speedup = baseline.predicted_iteration_s / best.predicted_iteration_s

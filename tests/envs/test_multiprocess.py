@@ -502,6 +502,12 @@ def test_reply_waiter_sleeps_then_spins_around_the_typical_step():
         sent = time.perf_counter()
         waiter.wait(sent)
         assert 0.0625 <= time.perf_counter() - sent < 0.09 and waiter.spins == 3
+        # A descriptor select() cannot take (>= FD_SETSIZE) sleeps with poll in whole milliseconds.
+        waiter.fileno = 5000
+        assert waiter._sleep(0.0099) is False  # 9 ms of poll on the real pipe, nothing came
+        os.write(write, b"r")
+        assert waiter._sleep(0.05) is True
+        os.read(read, 1)
     finally:
         os.close(read)
         os.close(write)
