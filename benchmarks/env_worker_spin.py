@@ -13,7 +13,9 @@ then reports medians of the per-round ratios and how often each side won:
 * tight loops (random actions, no work between steps): HalfCheetah 8 and 32 envs per process,
   ManiSkill PushCube state 4 envs per process, with 1 and 2 processes;
 * a 2 ms "policy" between steps (a busy loop in this process): steps/s and the workers' CPU
-  seconds per step must not change, i.e. the workers' spin stays off.
+  seconds per step must not change, i.e. the workers' spin stays off;
+* first, the round trip alone: one stand-in env that busy-waits 0, 200 or 1000 us per step, and
+  what each step costs beyond that.
 
     python -m benchmarks.env_worker_spin [--rounds 16] [--window 0.4]
 
@@ -28,12 +30,14 @@ for _key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LP_N
     os.environ.setdefault(_key, "1")
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 from dataclasses import replace  # noqa: E402
 from typing import Any  # noqa: E402
 
+import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.common import write_result  # noqa: E402
@@ -148,6 +152,53 @@ def run_case(name: str, cfg: EnvConfig, procs: int, per_proc: int, gap_s: float,
     return result
 
 
+class BusyEnv(gym.Env):
+    """A stand-in simulator that busy-waits ``work_s`` per step: the round trip around it is
+    the backend's cost alone."""
+
+    observation_space = gym.spaces.Box(-1, 1, (17,), np.float32)
+    action_space = gym.spaces.Box(-1, 1, (6,), np.float32)
+
+    def __init__(self, work_s: float) -> None:
+        self.work_s = work_s
+        self.obs = np.zeros(17, np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        return self.obs, {}
+
+    def step(self, action):
+        busy(self.work_s)
+        return self.obs, 0.0, False, False, {}
+
+
+def round_trips(steps: int = 2000) -> list[dict[str, Any]]:
+    """Microseconds a step costs beyond its ``work_s``, one env in one worker process, per variant."""
+    rows = []
+    for work_s in (0.0, 200e-6, 1e-3):
+        row: dict[str, Any] = {"work_us": work_s * 1e6}
+        for variant, (spin_us, parent) in VARIANTS.items():
+            env = MultiprocessVecEnv([functools.partial(BusyEnv, work_s)], 1, spin_s=spin_us * 1e-6)
+            if not parent:
+                for waiter in env._reply_waiters:
+                    waiter.spin_s = 0.0
+            try:
+                env.reset(seed=0)
+                actions = np.zeros((1, 6), np.float32)
+                n = steps if work_s < 1e-3 else steps // 2
+                for _ in range(100):
+                    env.step(actions)
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    env.step(actions)
+                row[f"overhead_us_{variant}"] = ((time.perf_counter() - t0) / n - work_s) * 1e6
+            finally:
+                env.close()
+        print(f"  round trip around {row['work_us']:6.0f} us of work: "
+              + ", ".join(f"{v} {row[f'overhead_us_{v}']:.0f} us" for v in VARIANTS), flush=True)
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=16)
@@ -160,6 +211,7 @@ def main() -> None:
     start = time.perf_counter()
     load_before = os.getloadavg()
     print(f"env spin-waits: {SPIN_US} us, off / workers only / workers and parent, {args.rounds} rounds of {args.window} s", flush=True)
+    trips = round_trips()
     results = [run_case(*case, rounds=args.rounds, seconds=args.window) for case in CASES if not args.only or args.only in case[0]]
     path = write_result("env_worker_spin", {
         "benchmark": "env_worker_spin",
@@ -170,6 +222,7 @@ def main() -> None:
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),
         "total_s": round(time.perf_counter() - start, 1),
+        "round_trips": trips,
         "cases": results,
         "notes": "Paired rounds: each round steps the three envs (no spin; the workers' spin only; workers' and parent's, "
                  "the default) for one window each, the first one rotating; paired ratios are medians over rounds of the "
