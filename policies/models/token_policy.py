@@ -15,12 +15,15 @@ The model has the cost structure of RL on a vision-language-action model (OpenVL
   outputs at the observation positions, mean-pooled; under the causal mask they do not depend on
   the action tokens, so acting, evaluating and ``value`` agree.
 
-``act`` decodes the T tokens one by one: T decoder passes, each re-running the whole prefix (no
-KV cache, like Hugging Face ``generate(use_cache=False)``; the patch embedding runs once).
-``evaluate`` scores given actions with ONE teacher-forced pass over the same sequence. This
-asymmetry (T passes to collect, one to train) is the point of the model; the logprobs of the two
-paths agree to float tolerance. Dropout is off: PPO's ratio needs both paths to be the same
-function.
+``act`` decodes the T tokens one by one. By default each of the T decoder passes re-runs the
+whole prefix (no KV cache, like Hugging Face ``generate(use_cache=False)``; the patch embedding
+runs once); with ``policy.kwargs.kv_cache=1`` the prefix ``[obs ; BOS]`` is run once, keeping each
+layer's keys and values, and every next token costs one position through the layers (as
+``generate`` does by default and as VLA rollout servers do). Both compute the same function with
+the same parameters. ``evaluate`` scores given actions with ONE teacher-forced pass over the same
+sequence. This asymmetry (T passes to collect, one to train) is the point of the model; the
+logprobs of the paths agree to float tolerance. Dropout is off: PPO's ratio needs both paths to
+be the same function.
 """
 
 from __future__ import annotations
@@ -49,7 +52,10 @@ TOKEN_KWARGS: dict[str, Any] = {
     "num_bins": 256,  # tokens per action dimension (OpenVLA: 256)
     "patch_size": 16,  # pixels per patch side of the image tokenizer
     "state_tokens": 4,  # tokens the state is split into when there is no camera
+    "kv_cache": 0,  # 1: decode with a key/value cache (one position per token after the prefix)
 }
+#: kwargs that are switches (0 or 1) rather than sizes.
+_SWITCHES = ("kv_cache",)
 
 
 class ActionTokenizer(nn.Module):
@@ -164,6 +170,7 @@ class TokenActionPolicy(Policy):
         self.decoder = nn.TransformerEncoder(
             block, options["n_layers"], norm=nn.LayerNorm(d_model), enable_nested_tensor=False
         )
+        self.kv_cache = bool(options["kv_cache"])
         self.action_head = _init(nn.Linear(d_model, self.tokenizer.num_bins), 0.01)  # near-uniform at init
         self.critic = mlp(d_model, list(cfg.hidden_sizes), 1, cfg.activation, out_gain=1.0)
 
@@ -187,15 +194,24 @@ class TokenActionPolicy(Policy):
 
     # -- decoder -----------------------------------------------------------------------------------
 
+    def _sequence(self, obs_tokens: torch.Tensor, action_tokens: torch.Tensor) -> torch.Tensor:
+        """The decoder's input [obs ; BOS ; action_tokens] (B, N + 1 + t, d_model)."""
+        batch, steps = action_tokens.shape[0], action_tokens.shape[1]
+        actions_in = torch.cat([self.bos.expand(batch, 1, -1), self.token_embedding(action_tokens)], dim=1)
+        actions_in = actions_in + self.action_position[: steps + 1]  # (B, 1 + t, d_model)
+        return torch.cat([obs_tokens, actions_in], dim=1)
+
+    def _action_inputs(self, action_tokens: torch.Tensor, position: int) -> torch.Tensor:
+        """Inputs of action tokens that follow BOS at ``position`` (1 = the first token) (B, t, d_model)."""
+        steps = action_tokens.shape[1]
+        return self.token_embedding(action_tokens) + self.action_position[position : position + steps]
+
     def _decode(self, obs_tokens: torch.Tensor, action_tokens: torch.Tensor) -> torch.Tensor:
         """One causal pass over [obs ; BOS ; action_tokens] -> outputs (B, N + 1 + t, d_model).
 
         obs_tokens: (B, N, d_model); action_tokens: (B, t) long with t < T.
         """
-        batch, steps = action_tokens.shape[0], action_tokens.shape[1]
-        actions_in = torch.cat([self.bos.expand(batch, 1, -1), self.token_embedding(action_tokens)], dim=1)
-        actions_in = actions_in + self.action_position[: steps + 1]  # (B, 1 + t, d_model)
-        sequence = torch.cat([obs_tokens, actions_in], dim=1)  # (B, L, d_model)
+        sequence = self._sequence(obs_tokens, action_tokens)  # (B, L, d_model)
         length = sequence.shape[1]
         mask = nn.Transformer.generate_square_subsequent_mask(length, device=sequence.device, dtype=sequence.dtype)
         return self.decoder(sequence, mask=mask, is_causal=True)
@@ -213,17 +229,24 @@ class TokenActionPolicy(Policy):
     # -- the Policy contract -----------------------------------------------------------------------
 
     def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> ActionOutput:
-        """Autoregressive decoding: T = C * A decoder passes, each over the whole prefix (no KV cache)."""
+        """Autoregressive decoding of T = C * A tokens: T decoder passes over the whole prefix, or
+        with ``kv_cache`` one pass over ``[obs ; BOS]`` and then one position per token."""
         obs_tokens = self._obs_tokens(obs)  # (B, N, d_model), computed once
         batch = obs_tokens.shape[0]
         tokens = torch.zeros(batch, 0, dtype=torch.long, device=obs_tokens.device)  # (B, t)
         logprobs = torch.zeros(batch, device=obs_tokens.device)
         values = None
-        for _ in range(self.num_action_tokens):
-            outputs = self._decode(obs_tokens, tokens)  # (B, N + 1 + t, d_model)
+        cache = _KVCache(self.decoder) if self.kv_cache else None
+        for step in range(self.num_action_tokens):
+            if cache is None:
+                last = self._decode(obs_tokens, tokens)  # (B, N + 1 + t, d_model)
+            elif step == 0:
+                last = cache.extend(self._sequence(obs_tokens, tokens))  # prefill [obs ; BOS]
+            else:  # only the newest token goes through the layers
+                last = cache.extend(self._action_inputs(tokens[:, -1:], position=step))
             if values is None:
-                values = self._value(outputs)
-            log_probs = F.log_softmax(self.action_head(outputs[:, -1]), dim=-1)  # (B, num_bins)
+                values = self._value(last)
+            log_probs = F.log_softmax(self.action_head(last[:, -1]), dim=-1)  # (B, num_bins)
             if deterministic:
                 next_token = log_probs.argmax(-1, keepdim=True)  # (B, 1)
             else:
@@ -256,6 +279,40 @@ class TokenActionPolicy(Policy):
             self.normalizer.update(self._state(obs, self.normalizer.mean.device))
 
 
+class _KVCache:
+    """Incremental decoding through a pre-LayerNorm ``nn.TransformerEncoder`` with the encoder's
+    own parameters: each layer keeps the keys and values of every position seen so far, and a
+    call runs only the new positions (causal among themselves, attending to all cached ones)."""
+
+    def __init__(self, encoder: nn.TransformerEncoder) -> None:
+        self.encoder = encoder
+        self.keys: list[torch.Tensor | None] = [None] * len(encoder.layers)
+        self.values: list[torch.Tensor | None] = [None] * len(encoder.layers)
+
+    def extend(self, x: torch.Tensor) -> torch.Tensor:
+        """New positions' inputs (B, n, d_model) -> their outputs after the final norm (B, n, d_model)."""
+        for i, layer in enumerate(self.encoder.layers):
+            x = x + self._attend(i, layer, layer.norm1(x))
+            x = x + layer.linear2(layer.activation(layer.linear1(layer.norm2(x))))
+        return self.encoder.norm(x) if self.encoder.norm is not None else x
+
+    def _attend(self, i: int, layer: nn.TransformerEncoderLayer, h: torch.Tensor) -> torch.Tensor:
+        attn = layer.self_attn
+        batch, new, d_model = h.shape
+        heads = attn.num_heads
+        q, k, v = F.linear(h, attn.in_proj_weight, attn.in_proj_bias).split(d_model, dim=-1)
+        q, k, v = (t.reshape(batch, new, heads, d_model // heads).transpose(1, 2) for t in (q, k, v))  # (B, H, n, dh)
+        cached_k, cached_v = self.keys[i], self.values[i]
+        if cached_k is not None:
+            k, v = torch.cat([cached_k, k], dim=2), torch.cat([cached_v, v], dim=2)
+        self.keys[i], self.values[i] = k, v
+        # Position j of the new ones sees every cached position and the new ones up to j.
+        seen = k.shape[2] - new
+        mask = torch.ones(new, k.shape[2], dtype=torch.bool, device=h.device).tril(diagonal=seen)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, n, dh)
+        return attn.out_proj(out.transpose(1, 2).reshape(batch, new, d_model))
+
+
 def _options(kwargs: dict[str, Any]) -> dict[str, int]:
     unknown = sorted(set(kwargs) - set(TOKEN_KWARGS))
     if unknown:
@@ -266,6 +323,11 @@ def _options(kwargs: dict[str, Any]) -> dict[str, int]:
     options: dict[str, int] = {}
     for key, default in TOKEN_KWARGS.items():
         value = kwargs.get(key, default)
+        if key in _SWITCHES:
+            if value not in (0, 1):  # True/False compare equal to 1/0
+                raise UserError(f"policy.kwargs.{key}={value!r} must be 0 or 1 (default {default}).")
+            options[key] = int(value)
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
             raise UserError(f"policy.kwargs.{key}={value!r} must be a positive integer (default {default}).")
         options[key] = int(value)

@@ -246,3 +246,33 @@ def test_clear_errors() -> None:
         make(obs_space("rgb", size=4))
     with pytest.raises(UserError, match="'state' or an image"):
         make(gym.spaces.Dict({"depth": gym.spaces.Box(0, 1, (4,), np.float32)}))
+
+
+@pytest.mark.parametrize("kind,chunk", [("state", 1), ("rgb+state", 2)])
+def test_kv_cache_decodes_the_same_function(kind: str, chunk: int) -> None:
+    """kv_cache=1 runs [obs ; BOS] once and then one position per token through the same layers:
+    the same greedy actions, the same logprobs and values, the same samples for the same seed,
+    and evaluate() (one teacher-forced pass) agrees with it."""
+    space = obs_space(kind)
+    plain = make(space, action_chunk=chunk)
+    cached = make(space, action_chunk=chunk, kv_cache=1)
+    cached.load_state_dict(plain.state_dict())  # same parameters: the switch adds none
+    assert cached.kv_cache and not plain.kv_cache
+    obs = sample_obs(space, batch=5)
+    with torch.no_grad():
+        a, b = plain.act(obs, deterministic=True), cached.act(obs, deterministic=True)
+        torch.testing.assert_close(b.actions, a.actions)
+        torch.testing.assert_close(b.logprobs, a.logprobs, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(b.values, a.values, atol=1e-5, rtol=1e-5)
+        torch.manual_seed(3)
+        sa = plain.act(obs)
+        torch.manual_seed(3)
+        sb = cached.act(obs)
+        torch.testing.assert_close(sb.actions, sa.actions)
+        ev = cached.evaluate(obs, sb.actions)
+    torch.testing.assert_close(ev.logprobs, sb.logprobs, atol=1e-5, rtol=1e-5)
+
+
+def test_kv_cache_is_a_switch() -> None:
+    with pytest.raises(UserError, match="kv_cache=2 must be 0 or 1"):
+        make(obs_space("state"), kv_cache=2)
