@@ -206,6 +206,7 @@ def _synthetic_trajectories(policy, obs: dict[str, np.ndarray], batch: int, step
         "truncated": np.zeros(values.shape, bool),
         "final_values": np.zeros(values.shape, np.float32),
         "last_values": values[0].copy(),
+        "action_chunk": policy.action_chunk,
     }
 
 
