@@ -6,7 +6,8 @@
 
 On CPU every core is a device: a component placed on cores {0} runs pinned there (``sched_setaffinity``,
 inherited by its env processes) with as many torch threads as cores. Probes measure what the
-workers run: a chunk's ``VecEnv.step`` at several chunk sizes and process counts, the policy's
+workers run: a chunk's ``VecEnv.step`` at several chunk sizes and process counts (with the policy's
+inference between steps, as in the pipeline), the policy's
 inference at several batch sizes and thread counts, the trainer's PPO update per minibatch, a message between two
 Ray workers, and one offload/onload of the trainer's state.
 """
@@ -66,7 +67,7 @@ def _setup_key(cfg: TrainConfig, backend: str) -> dict[str, Any]:
         "policy": to_dict(cfg.policy),
         "minibatch": workflow_of(cfg).train_minibatch,
         "backend": backend,
-        "version": 4,  # 4: the trainer probe times ppo_update itself
+        "version": 5,  # 5: the policy infers between timed env steps
     }
 
 
@@ -84,15 +85,24 @@ def _obs_mib_per_env(obs: dict[str, Any]) -> float:
     return sum(to_numpy(v)[0].nbytes for v in obs.values()) / MIB
 
 
+#: Untimed and timed env steps per probed shape.
+ENV_PROBE_WARMUP, ENV_PROBE_REPEATS = 3, 8
+
+
 def _probe_env(cfg: TrainConfig, cores: int, log) -> tuple[Probe, dict[str, np.ndarray], Any, Any]:
-    """Time one VecEnv.step at chunk sizes N, N/2, N/4 (one process) and N over all cores."""
+    """Time one VecEnv.step at chunk sizes N, N/2, N/4 (one process) and N over all cores.
+
+    Between two timed steps the policy infers on the step's observation, as the rollout does in
+    the pipeline: env processes that idle between steps wake slower than ones stepped back to back.
+    """
     probe = Probe("env")
     n = cfg.env.num_envs
     obs_sample = action_space = obs_space = None
+    policy = None
     shapes = [(b, 1) for b in _probe_sizes(n)]
     for b, procs in shapes:  # grows by one multi-process probe when the backend runs processes
-        # No spin-waiting in env processes: probes step back to back, but in the pipeline a policy
-        # runs between steps and the processes block (what the prediction must cost).
+        # No spin-waiting in env processes: in the pipeline a policy runs between steps and the
+        # processes block (what the prediction must cost).
         env_cfg = dataclasses.replace(cfg.env, num_envs=b, num_procs=procs, worker_spin_us=0)
         env = make_vec_env(env_cfg, seed=cfg.seed)
         if isinstance(env, MultiprocessVecEnv) and cores > 1 and n > 1 and (n, min(cores, n)) not in shapes:
@@ -101,22 +111,28 @@ def _probe_env(cfg: TrainConfig, cores: int, log) -> tuple[Probe, dict[str, np.n
             obs = env.reset(seed=cfg.seed)
             if obs_sample is None:
                 obs_sample, obs_space, action_space = obs, env.observation_space, env.action_space
+                policy = build_policy(cfg.policy, obs_space, action_space).eval()
             rng = np.random.default_rng(0)
             space = env.action_space
             chunk = cfg.policy.action_chunk  # a worker's call: one step, or chunk_step of C actions
             lead = (b,) if chunk == 1 else (b, chunk)
 
-            def step() -> None:
+            def step() -> float:
+                """Seconds of one env step; then the policy's turn, untimed."""
                 if hasattr(space, "low"):
                     actions = rng.uniform(space.low, space.high, size=(*lead, *space.shape)).astype(np.float32)
                 else:
                     actions = rng.integers(0, space.n, size=lead)
-                if chunk == 1:
-                    env.step(actions)
-                else:
-                    env.chunk_step(actions)
+                t0 = time.perf_counter()
+                result = env.step(actions) if chunk == 1 else env.chunk_step(actions)
+                seconds = time.perf_counter() - t0
+                with torch.no_grad():
+                    policy.act(to_torch(result.obs, torch.device("cpu")))
+                return seconds
 
-            seconds = time_call(step, warmup=3, repeats=8)
+            for _ in range(ENV_PROBE_WARMUP):
+                step()
+            seconds = float(np.median([step() for _ in range(ENV_PROBE_REPEATS)]))
         finally:
             env.close()
         probe.add(b, procs, seconds)

@@ -98,3 +98,30 @@ def test_trainer_probe_times_the_trainers_own_update(tmp_path, monkeypatch):
     assert {shape for shape, _, _ in calls} == {(m, 32), (m, 16)}
     assert {(epochs, mbs) for _, epochs, mbs in calls} == {(1, m)}
     assert {b for b, _, _ in prof.meta["probes"]["actor"]} == {32, 16}
+
+
+def test_env_probe_lets_the_policy_infer_between_timed_steps(tmp_path, monkeypatch):
+    """As in the pipeline, each probed env step is followed by the policy's inference on its
+    observation (untimed), so env processes are timed waking from the idle the rollout leaves."""
+    import pipelines.planning as planning
+
+    acts: list[int] = []
+    real_build = planning.build_policy
+
+    def counting_build(*args, **kwargs):
+        policy = real_build(*args, **kwargs)
+        act = policy.act
+
+        def counted(obs, deterministic=False):
+            acts.append(len(next(iter(obs.values()))))
+            return act(obs, deterministic)
+
+        policy.act = counted
+        return policy
+
+    monkeypatch.setattr(planning, "build_policy", counting_build)
+    probe, *_ = planning._probe_env(_cfg(), cores=1, log=lambda *_: None)
+    per_shape = planning.ENV_PROBE_WARMUP + planning.ENV_PROBE_REPEATS
+    sizes = [b for b, _, _ in probe.samples]
+    assert sorted(sizes) == [2, 4, 8]
+    assert sorted(acts) == sorted(b for b in sizes for _ in range(per_shape))  # one inference per step, on its batch
