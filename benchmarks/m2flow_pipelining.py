@@ -6,7 +6,7 @@ whose inference costs about as much as the simulation. For each configuration th
 iterations run for real (Ray workers, channels, PPO updates); the planner's prediction for the
 configuration is recorded next to the measurement.
 
-    python -m benchmarks.m2flow_pipelining [--iterations 3] [--recipe benchmarks/m2flow_rgb.yaml]
+    python -m benchmarks.m2flow_pipelining [--iterations 5] [--recipe benchmarks/m2flow_rgb.yaml]
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def run_config(cfg: TrainConfig, iterations: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", default=str(HERE / "m2flow_rgb.yaml"))
-    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--name", default="m2flow_pipelining")
     parser.add_argument("--reprofile", action="store_true", help="measure the profile again (do it on a quiet machine)")
     parser.add_argument("overrides", nargs="*")
