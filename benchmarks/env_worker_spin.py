@@ -87,11 +87,17 @@ def window(env: MultiprocessVecEnv, actions: np.ndarray, seconds: float, gap_s: 
 VARIANTS = {"off": (0, False), "workers": (SPIN_US, False), "both": (SPIN_US, True)}
 
 
+def _parent_blocks(env: MultiprocessVecEnv) -> MultiprocessVecEnv:
+    """The workers' spin alone: the parent blocks for every reply."""
+    for waiter in env._reply_waiters:
+        waiter.spin_s = 0.0
+    return env
+
+
 def _make(cfg: EnvConfig, procs: int, per_proc: int, spin_us: int, parent: bool) -> MultiprocessVecEnv:
     env = make_vec_env(replace(cfg, num_envs=procs * per_proc, num_procs=procs, backend="multiprocess", worker_spin_us=spin_us))
-    if not parent:  # the workers' spin alone: the parent blocks for every reply
-        for waiter in env._reply_waiters:
-            waiter.spin_s = 0.0
+    if not parent:
+        _parent_blocks(env)
     env.reset(seed=0)
     return env
 
@@ -179,8 +185,7 @@ def round_trips(steps: int = 2000) -> list[dict[str, Any]]:
         for variant, (spin_us, parent) in VARIANTS.items():
             env = MultiprocessVecEnv([functools.partial(BusyEnv, work_s)], 1, spin_s=spin_us * 1e-6)
             if not parent:
-                for waiter in env._reply_waiters:
-                    waiter.spin_s = 0.0
+                _parent_blocks(env)
             try:
                 env.reset(seed=0)
                 actions = np.zeros((1, 6), np.float32)

@@ -89,11 +89,12 @@ def _obs_mib_per_env(obs: dict[str, Any]) -> float:
 ENV_PROBE_WARMUP, ENV_PROBE_REPEATS = 3, 8
 
 
-def _probe_env(cfg: TrainConfig, cores: int, log) -> tuple[Probe, dict[str, np.ndarray], Any, Any]:
+def _probe_env(cfg: TrainConfig, cores: int, log) -> tuple[Probe, dict[str, np.ndarray], Any, Any, Any]:
     """Time one VecEnv.step at chunk sizes N, N/2, N/4 (one process) and N over all cores.
 
     Between two timed steps the policy infers on the step's observation, as the rollout does in
     the pipeline: env processes that idle between steps wake slower than ones stepped back to back.
+    Returns the probe, an observation batch, the spaces, and that (inference-mode) policy.
     """
     probe = Probe("env")
     n = cfg.env.num_envs
@@ -139,7 +140,7 @@ def _probe_env(cfg: TrainConfig, cores: int, log) -> tuple[Probe, dict[str, np.n
         log(f"  env     batch {b:>4} on {procs} core(s): {seconds * 1e3:8.2f} ms/{'step' if cfg.policy.action_chunk == 1 else 'chunk'}")
     if not any(procs > 1 for _, procs in shapes):
         probe.scaling_exponent = 0.0  # one process cannot use more cores: more devices do not help
-    return probe, obs_sample, obs_space, action_space
+    return probe, obs_sample, obs_space, action_space, policy
 
 
 def _probe_rollout(cfg: TrainConfig, policy, obs, cores: int, log) -> Probe:
@@ -285,8 +286,7 @@ def profile_embodied(cfg: TrainConfig, cluster: Cluster, force: bool = False, lo
             return Profile.from_dict(cached)
     log(f"[m2flow] profiling env, rollout and trainer on {cores} cores ...")
     t0 = time.perf_counter()
-    env_probe, obs, obs_space, action_space = _probe_env(cfg, cores, log)
-    policy = build_policy(cfg.policy, obs_space, action_space)
+    env_probe, obs, obs_space, action_space, policy = _probe_env(cfg, cores, log)
     rollout_probe = _probe_rollout(cfg, policy, obs, cores, log)
     actor_policy = build_policy(cfg.policy, obs_space, action_space)
     actor_probe, offload_s, onload_s = _probe_actor(cfg, actor_policy, obs, action_space, cores, log)

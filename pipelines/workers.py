@@ -141,16 +141,14 @@ class EnvWorker(Worker):
             for c, env in enumerate(self.envs):
                 actions = action_channel.get(keys[c])
                 t0 = time.perf_counter()
+                res = env.chunk_step(actions) if chunked else env.step(actions)
+                sim_s += time.perf_counter() - t0
                 if chunked:
-                    res = env.chunk_step(actions)
-                    sim_s += time.perf_counter() - t0
                     valid = to_numpy(res.valid).astype(bool)
                     env_steps += int(valid.sum())
                     out = EnvOutput(res.obs, to_numpy(res.rewards), to_numpy(res.terminated), to_numpy(res.truncated),
                                     res.final_obs, valid)
                 else:
-                    res = env.step(actions)
-                    sim_s += time.perf_counter() - t0
                     env_steps += env.num_envs
                     out = EnvOutput(res.obs, to_numpy(res.reward), to_numpy(res.terminated), to_numpy(res.truncated), res.final_obs)
                 self.obs[c] = res.obs
