@@ -9,10 +9,12 @@ replies back together in env order:
            ── step ──▶ worker 1: SerialVecEnv(envs k..N-1) ──▶ rows k..N-1 of the batch
 
 Transport: ``step`` (the hot path) passes actions, observations, rewards, dones and success
-through one shared-memory block laid out as the batch arrays, and only a one-byte command and a
-tiny reply through the pipe; what does not fit the layout (final observations, finished-episode
-stats, unexpected keys or dtypes) travels pickled in that reply. ``reset``, ``chunk_step``
-(one message per chunk, so already amortised) and ``render`` travel pickled through the pipe.
+through one shared-memory block laid out as the batch arrays, and signals through it too: the
+parent bumps a worker's command counter, the worker bumps its done counter (see
+:class:`Doorbell`). The pipe carries a step only when a side sleeps (a one-byte wake-up) or when
+the reply does not fit the layout (final observations, finished-episode stats, unexpected keys or
+dtypes, errors: pickled). ``reset``, ``chunk_step`` (one message per chunk, so already
+amortised) and ``render`` travel pickled through the pipe.
 
 ``step_async`` / ``step_wait`` (and ``chunk_step_async`` / ``chunk_step_wait``) split the send
 from the receive so a caller can overlap policy inference with simulation.
@@ -35,6 +37,7 @@ import pickle
 import select
 import signal
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -58,8 +61,12 @@ THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
 
 #: How often a wait for a reply checks that the worker is still alive (a reply ends the wait at once).
 _LIVENESS_SLICE_MS = 500
-#: The one-byte command of the hot path: "step with the actions in shared memory".
-_STEP_SHARED = b"S"
+#: The pipe message that only wakes a sleeping side of the shared-memory handshake.
+_WAKE = b"W"
+#: Longest sleep of a waiting side between checks of the shared counters (a wake-up is never lost
+#: with the fences below; this bounds the cost if a platform ever reorders more than x86/ARM do).
+_PARENT_SLICE_S = 0.02
+_WORKER_MAX_SLICE_S = 0.064
 #: ``select`` takes only file descriptors below FD_SETSIZE.
 _SELECT_MAX_FD = 1024
 #: Longest busy-wait of a worker for its next command (see :class:`CommandWaiter`).
@@ -84,6 +91,7 @@ class StepBuffers:
     ``actions`` (N, *act_shape), ``obs[key]`` (N, *shape) for every Box key of the observation
     space, ``reward`` (N,) float32, ``terminated``/``truncated``/``success`` (N,) bool. Worker i
     writes rows ``start:end``; the parent copies whole arrays out, so no concatenation is needed.
+    ``ctrl`` (P, 8) int64 holds each worker's :class:`Doorbell`, one 64-byte cache line per worker.
     """
 
     def __init__(self, shm: SharedMemory, layout: list[tuple[str, int, tuple[int, ...], str]], owner: bool) -> None:
@@ -98,12 +106,15 @@ class StepBuffers:
         self.terminated = self.arrays["terminated"]
         self.truncated = self.arrays["truncated"]
         self.success = self.arrays["success"]
+        self.ctrl = self.arrays["ctrl"]
         self.obs = {name[4:]: arr for name, arr in self.arrays.items() if name.startswith("obs/")}
 
     @staticmethod
-    def create(num_envs: int, observation_space: gym.spaces.Dict, action_space: gym.Space) -> StepBuffers | None:
+    def create(
+        num_envs: int, observation_space: gym.spaces.Dict, action_space: gym.Space, num_procs: int = 1
+    ) -> StepBuffers | None:
         """Allocate the block for these spaces, or None when a space has no fixed array layout."""
-        fields: list[tuple[str, tuple[int, ...], np.dtype]] = []
+        fields: list[tuple[str, tuple[int, ...], np.dtype]] = [("ctrl", (num_procs, Doorbell.SLOTS), np.dtype(np.int64))]
         if not isinstance(action_space, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
             return None
         fields.append(("actions", (num_envs, *(action_space.shape or ())), np.dtype(action_space.dtype)))
@@ -193,13 +204,103 @@ class StepBuffers:
 
     def close(self) -> None:
         self.arrays, self.obs = {}, {}
-        self.actions = self.reward = self.terminated = self.truncated = self.success = None  # type: ignore[assignment]
+        self.actions = self.reward = self.terminated = self.truncated = self.success = self.ctrl = None  # type: ignore[assignment]
         try:
             self.shm.close()
             if self.owner:
                 self.shm.unlink()
         except (FileNotFoundError, BufferError):
             pass
+
+
+def memory_fence(_lock: Any = threading.Lock()) -> None:
+    """A full memory barrier between this process's shared-memory stores and loads: taking and
+    releasing a lock are atomic read-modify-writes (a locked instruction on x86, acquire/release
+    on ARM), which no load or store crosses."""
+    _lock.acquire()
+    _lock.release()
+
+
+class Doorbell:
+    """One worker's step handshake through shared memory (a row of ``StepBuffers.ctrl``).
+
+    The parent writes the actions, then the step's sequence number into ``CMD``; the worker,
+    which watches ``CMD``, steps, writes the results, the reply's kind into ``REPLY``, then the
+    sequence number into ``DONE``, which the parent watches. A side that stops watching to sleep on
+    the pipe first raises its ``*_ASLEEP`` flag and looks once more; the other side, after
+    publishing, sends a one-byte wake-up only when that flag is up. Each side stores, fences, then
+    loads (Dekker's handshake), so a wake-up cannot be missed; sleeps are sliced all the same.
+
+    A round trip costs two stores and a few loads instead of two pipe syscalls and two wake-ups of
+    a sleeping process (tens of microseconds each on a virtual machine); the pipe stays the way
+    for everything that does not fit the block (``REPLY == PIPE``) and for errors.
+    """
+
+    SLOTS = 8  # 64 bytes: one cache line per worker
+    CMD, DONE, PARENT_ASLEEP, WORKER_ASLEEP, REPLY = range(5)
+    #: Reply kinds: everything is in the block / and the envs report success / pickled in the pipe.
+    PLAIN, SUCCESS, PIPE = 0, 1, 2
+
+    __slots__ = ("row", "conn")
+
+    def __init__(self, row: np.ndarray, conn: Connection) -> None:
+        self.row = row
+        self.conn = conn
+
+    # parent side
+    def ring(self, seq: int) -> None:
+        """Post step ``seq`` (the actions are written and fenced)."""
+        self.row[self.CMD] = seq
+
+    def worker_asleep(self) -> bool:
+        """After ``ring`` and a fence: whether the worker sleeps on its pipe (send it a wake-up)."""
+        return bool(self.row[self.WORKER_ASLEEP])
+
+    def done(self, seq: int) -> bool:
+        return bool(self.row[self.DONE] == seq)
+
+    def parent_sleep(self, seq: int, sleep: Callable[[float], bool], seconds: float) -> bool:
+        """Sleep on the pipe (``sleep(seconds)``: whether it became readable) unless step ``seq``
+        is done; whether it is done or the pipe is readable (a wake-up, a pickled reply, the end)."""
+        row = self.row
+        row[self.PARENT_ASLEEP] = 1
+        memory_fence()
+        try:
+            if row[self.DONE] == seq:
+                return True
+            return sleep(seconds)
+        finally:
+            row[self.PARENT_ASLEEP] = 0
+
+    # worker side
+    def command(self) -> int:
+        return int(self.row[self.CMD])
+
+    def worker_sleep(self, last: int, poller: Any) -> bool:
+        """Sleep on the pipe until a step after ``last`` is posted (True) or the pipe is readable
+        (False: a pickled command, a stale wake-up, or the parent's end)."""
+        row = self.row
+        row[self.WORKER_ASLEEP] = 1
+        memory_fence()
+        slice_s = 1e-3
+        try:
+            while row[self.CMD] == last:
+                if poller.poll(int(slice_s * 1e3)):
+                    return bool(row[self.CMD] != last)
+                slice_s = min(2 * slice_s, _WORKER_MAX_SLICE_S)
+            return True
+        finally:
+            row[self.WORKER_ASLEEP] = 0
+
+    def publish(self, seq: int, kind: int) -> None:
+        """Step ``seq`` is done (its results written; a PIPE reply already sent): tell the parent."""
+        row = self.row
+        row[self.REPLY] = kind
+        memory_fence()  # the results and REPLY before DONE
+        row[self.DONE] = seq
+        memory_fence()
+        if kind != self.PIPE and row[self.PARENT_ASLEEP]:  # a PIPE reply wakes the parent itself
+            self.conn.send_bytes(_WAKE)
 
 
 def _no_episodes(n: int, has_success: bool) -> EpisodeStats:
@@ -212,14 +313,15 @@ def _no_episodes(n: int, has_success: bool) -> EpisodeStats:
 class CommandWaiter:
     """How a worker waits for its next command: spin briefly when the parent usually answers fast.
 
-    Blocking on the pipe costs a sleep and a wake-up per step (tens of microseconds each on a
-    virtual machine, more when the core idles); a tight stepping loop whose parent turns a reply
-    into the next command in ~50 us loses up to ~13% of its steps/s to that
-    (``benchmarks/results/env_worker_spin.json``). The worker keeps
-    the gaps between its last replies and the next commands; when their median is below
-    ``max_spin_s`` it polls (yielding the core to any other runnable process) for up to twice that
-    median before blocking. A parent that runs a policy between steps (gaps of milliseconds) never
-    triggers the spin, so it costs nothing there. ``max_spin_s=0`` always blocks.
+    Blocking costs a sleep and a wake-up per step (tens of microseconds each on a virtual machine,
+    more when the core idles); a tight stepping loop whose parent turns a reply into the next
+    command in ~50 us loses up to ~13% of its steps/s to that
+    (``benchmarks/results/env_worker_spin.json``). The worker keeps the gaps between its last
+    replies and the next commands; when their median is below ``max_spin_s`` it polls (the
+    shared-memory doorbell and the pipe, yielding the core to any other runnable process) for up
+    to twice that median before it sleeps. A parent that runs a policy between steps (gaps of
+    milliseconds) never triggers the spin, so it costs nothing there. ``max_spin_s=0`` always
+    sleeps at once.
     """
 
     def __init__(self, fileno: int, max_spin_s: float = DEFAULT_SPIN_S, window: int = 9) -> None:
@@ -238,18 +340,34 @@ class CommandWaiter:
         typical = sorted(self.gaps)[len(self.gaps) // 2]
         return min(self.max_spin_s, 2.0 * typical) if typical < self.max_spin_s else 0.0
 
-    def wait(self) -> None:
-        """Return once a command (or EOF) is readable."""
+    def wait(self, bell: Doorbell | None = None, last: int = 0) -> bool:
+        """Return once there is something to do: True for a step posted on ``bell`` after step
+        ``last``, False when the pipe is readable (a pickled command, a wake-up, or EOF)."""
+        row = bell.row if bell is not None else None
         budget = self.spin_budget()
         if budget > 0 and self.replied_at is not None:
             self.spins += 1
             deadline = self.replied_at + budget
-            while not self.poller.poll(0) and time.perf_counter() < deadline:
+            poll = self.poller.poll
+            while True:
+                if row is not None and row[Doorbell.CMD] != last:
+                    return True
+                if poll(0):
+                    return False
+                if time.perf_counter() >= deadline:
+                    break
                 os.sched_yield()
-        self.poller.poll()
+        if bell is None:
+            self.poller.poll()
+            return False
+        return bell.worker_sleep(last, self.poller)
+
+    def received(self) -> None:
+        """A command came (not a wake-up): keep the gap since the last reply."""
         if self.replied_at is not None:
             self.gaps.append(time.perf_counter() - self.replied_at)
             del self.gaps[: -self.window]
+            self.replied_at = None
 
     def replied(self) -> None:
         self.replied_at = time.perf_counter()
@@ -286,27 +404,38 @@ class ReplyWaiter:
             return None
         return sorted(self.durations)[len(self.durations) // 2]
 
-    def wait(self, sent_at: float) -> None:
-        """Sleep and spin as described; returns when the reply is readable or the window is over
-        (the caller then blocks as usual)."""
+    def wait(
+        self, sent_at: float, ready: Callable[[], bool] | None = None, sleep: Callable[[float], bool] | None = None
+    ) -> None:
+        """Sleep and spin as described; returns when the reply is there or the window is over
+        (the caller then blocks as usual). ``ready()`` says whether the reply is there and
+        ``sleep(seconds)`` sleeps until it may be (both default to the pipe being readable; the
+        shared-memory path passes its :class:`Doorbell`'s)."""
         typical = self.typical()
         if typical is None:
             return
+        if ready is None:
+            poll = self.poller.poll
+
+            def ready() -> bool:
+                return bool(poll(0))
+
         margin = max(self.spin_s, self.fraction * typical)
         spin_from, spin_until = sent_at + typical - margin - self.spin_s, sent_at + typical + margin
         now = time.perf_counter()
-        if now < spin_from and self._sleep(spin_from - now):
+        if now < spin_from and (sleep or self.sleep)(spin_from - now):
             return  # an early reply woke the sleep
         now = time.perf_counter()
         self.spins += 1
-        while not self.poller.poll(0) and now < spin_until:
+        while not ready() and now < spin_until:
             os.sched_yield()
             now = time.perf_counter()
 
-    def _sleep(self, seconds: float) -> bool:
+    def sleep(self, seconds: float) -> bool:
         """Block up to ``seconds`` for the reply; whether it came. ``select`` sleeps to the
         microsecond but takes only descriptors below FD_SETSIZE (1024); above, ``poll`` sleeps
         whole milliseconds, rounded down (the spin then starts up to 1 ms early)."""
+        seconds = max(0.0, seconds)
         if self.fileno < _SELECT_MAX_FD:
             return bool(select.select([self.fileno], [], [], seconds)[0])
         milliseconds = int(seconds * 1e3)
@@ -349,28 +478,38 @@ def _worker_main(
         _limit_torch_threads(threads)  # the simulator may have imported torch just now
         conn.send(("ok", (venv.observation_space, venv.action_space)))
         waiter = CommandWaiter(conn.fileno(), spin_s)
+        bell: Doorbell | None = None
+        last = 0  # the last step posted on the doorbell that this worker did
         while True:
             try:
-                waiter.wait()
-                message = conn.recv_bytes()
+                posted = waiter.wait(bell, last)
+                message = b"" if posted else conn.recv_bytes()
             except (EOFError, OSError):  # the parent is gone
                 break
+            if message == _WAKE:  # a wake-up for a step seen already
+                continue
+            waiter.received()
+            if posted:
+                assert bell is not None and buffers is not None
+                memory_fence()  # the parent's actions, written before CMD
+                last = bell.command()
+                kind, reply = _step_shared(venv, buffers, rows)
+                if kind == Doorbell.PIPE:
+                    conn.send(reply)
+                bell.publish(last, kind)
+                waiter.replied()
+                continue
             try:
-                if message == _STEP_SHARED:
-                    assert buffers is not None, "step through shared memory before attach"
-                    start, end = rows
-                    result = venv.step(buffers.actions[start:end].copy())
-                    reply: tuple[str, Any] = ("ok", buffers.write(result, start, end))
+                command, arg = pickle.loads(message)
+                if command == "close":
+                    break
+                if command == "attach":
+                    (name, layout), rows = arg
+                    buffers = StepBuffers.attach(name, layout)
+                    bell = Doorbell(buffers.ctrl[index], conn)
+                    reply = ("ok", None)
                 else:
-                    command, arg = pickle.loads(message)
-                    if command == "close":
-                        break
-                    if command == "attach":
-                        (name, layout), rows = arg
-                        buffers = StepBuffers.attach(name, layout)
-                        reply = ("ok", None)
-                    else:
-                        reply = ("ok", _run_command(venv, command, arg))
+                    reply = ("ok", _run_command(venv, command, arg))
             except Exception as err:  # noqa: BLE001 - every error goes back to the parent
                 reply = ("error", _describe(err))
             conn.send(reply)
@@ -395,6 +534,20 @@ def _worker_main(
         except (BrokenPipeError, OSError):
             pass
         conn.close()
+
+
+def _step_shared(venv: Any, buffers: StepBuffers, rows: tuple[int, int]) -> tuple[int, Any]:
+    """One step with this worker's rows of the block: (reply kind, the reply to pickle if PIPE)."""
+    start, end = rows
+    try:
+        extras = buffers.write(venv.step(buffers.actions[start:end].copy()), start, end)
+    except Exception as err:  # noqa: BLE001 - every error goes back to the parent
+        return Doorbell.PIPE, ("error", _describe(err))
+    if not extras:
+        return Doorbell.PLAIN, None
+    if len(extras) == 1 and "has_success" in extras:
+        return Doorbell.SUCCESS, None
+    return Doorbell.PIPE, ("ok", extras)
 
 
 def _run_command(venv: Any, command: str, arg: Any) -> Any:
@@ -506,6 +659,9 @@ class MultiprocessVecEnv(VecEnv):
         self.reply_spin_s = spin_s if self.num_procs < num_cores else 0.0
         self._reply_waiters: list[ReplyWaiter] = []
         self._sent_at: float | None = None  # when the step in flight was sent
+        self._bells: list[Doorbell] = []  # the workers' shared-memory handshakes (with the block)
+        self._seq = 0  # the last step posted on the doorbells
+        self._piped: list[bytes | None] = []  # a step's reply read from the pipe while sleeping
         try:
             for i, (start, end) in enumerate(self.bounds):
                 shard_instr = self._instructions[start:end] if self._instructions is not None else None
@@ -528,11 +684,13 @@ class MultiprocessVecEnv(VecEnv):
             spaces = self._gather("start", timeout_s=start_timeout_s)
             self.observation_space, self.action_space = spaces[0]
             if shared_memory:
-                self._buffers = StepBuffers.create(self.num_envs, self.observation_space, self.action_space)
+                self._buffers = StepBuffers.create(self.num_envs, self.observation_space, self.action_space, self.num_procs)
             if self._buffers is not None:
                 self._waiting = "attach"
                 self._send_all("attach", [(self._buffers.spec(), bounds) for bounds in self.bounds])
                 self._finish("attach")
+                self._bells = [Doorbell(self._buffers.ctrl[i], conn) for i, conn in enumerate(self._conns)]
+                self._piped = [None] * self.num_procs
         except BaseException:
             self.close(timeout_s=2.0)
             raise
@@ -567,27 +725,93 @@ class MultiprocessVecEnv(VecEnv):
             raise failure
         return replies
 
+    def _gather_shared(self) -> list[dict[str, Any]]:
+        """The extras of the step posted on the doorbells (see :class:`Doorbell`), in worker order."""
+        seq, sent_at = self._seq, self._sent_at
+        assert sent_at is not None
+        extras: list[Any] = [None] * len(self._bells)
+        failure: Exception | None = None
+        for i, bell in enumerate(self._bells):
+            waiter = self._reply_waiters[i]
+            waiter.wait(
+                sent_at,
+                ready=lambda bell=bell: bell.done(seq),
+                sleep=lambda seconds, i=i: self._sleep_shared(i, seq, seconds),
+            )
+            status, value = self._recv_shared(i, seq)
+            waiter.replied(sent_at)
+            if status == "ok":
+                extras[i] = value
+            elif failure is None:
+                failure = self._worker_failure(i, "step", value)
+        if failure is not None:
+            raise failure
+        return extras
+
+    def _recv_shared(self, i: int, seq: int) -> tuple[str, Any]:
+        """Worker ``i``'s reply to step ``seq`` of the doorbell: from the block, or pickled from
+        the pipe (REPLY == PIPE, which the worker may send before DONE)."""
+        bell = self._bells[i]
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        while not bell.done(seq) and self._piped[i] is None:
+            if not self._sleep_shared(i, seq, _PARENT_SLICE_S):
+                self._check_alive(i, "step", self.timeout_s, deadline)
+        message, self._piped[i] = self._piped[i], None
+        if message is not None:
+            return pickle.loads(message)
+        memory_fence()  # the worker's results, written before DONE
+        if bell.row[Doorbell.REPLY] == Doorbell.PIPE:
+            return self._recv(i, "step", self.timeout_s)
+        return "ok", ({"has_success": True} if bell.row[Doorbell.REPLY] == Doorbell.SUCCESS else {})
+
+    def _sleep_shared(self, i: int, seq: int, seconds: float) -> bool:
+        """Sleep up to ``seconds`` for worker ``i``'s step ``seq``; whether it is done or its
+        reply came through the pipe (kept in ``_piped``). Wake-ups left from earlier steps (the
+        worker saw the parent asleep, the parent saw DONE before the wake-up came) are read and
+        slept through."""
+        bell, sleep = self._bells[i], self._reply_waiters[i].sleep
+        until = time.perf_counter() + seconds
+        while bell.parent_sleep(seq, sleep, until - time.perf_counter()):
+            if bell.done(seq):
+                return True
+            message = self._read(i, "step")  # readable: a wake-up, a pickled reply, or EOF (raises)
+            if message != _WAKE:
+                self._piped[i] = message
+                return True
+            if time.perf_counter() >= until:
+                break
+        return False
+
     def _recv(self, i: int, command: str, timeout_s: float | None) -> tuple[str, Any]:
         # Wait on the pipe in slices (a reply ends the wait at once) and check between slices that
         # the worker is alive; a dead worker usually shows at once as EOF on its pipe.
-        conn, proc, poller = self._conns[i], self._procs[i], self._pollers[i]
+        poller = self._pollers[i]
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        try:
+        while True:
             while not poller.poll(_LIVENESS_SLICE_MS):
-                if not proc.is_alive() and not conn.poll():
-                    self._broken(self._dead(i, command))
-                if deadline is not None and time.monotonic() > deadline:
-                    self._broken(
-                        EnvWorkerError(
-                            f"env worker {i} ({self._describe_shard(i)}) did not answer {command!r} "
-                            f"within {timeout_s} s; it may be stuck in the simulator.",
-                            i,
-                        )
-                    )
-            return conn.recv()
+                self._check_alive(i, command, timeout_s, deadline)
+            message = self._read(i, command)
+            if message != _WAKE:  # a wake-up of an earlier step that the parent did not sleep for
+                return pickle.loads(message)
+
+    def _read(self, i: int, command: str) -> bytes:
+        try:
+            return self._conns[i].recv_bytes()
         except (EOFError, OSError):
             self._broken(self._dead(i, command))
             raise  # unreachable: _broken raises
+
+    def _check_alive(self, i: int, command: str, timeout_s: float | None, deadline: float | None) -> None:
+        if not self._procs[i].is_alive() and not self._conns[i].poll():
+            self._broken(self._dead(i, command))
+        if deadline is not None and time.monotonic() > deadline:
+            self._broken(
+                EnvWorkerError(
+                    f"env worker {i} ({self._describe_shard(i)}) did not answer {command!r} "
+                    f"within {timeout_s} s; it may be stuck in the simulator.",
+                    i,
+                )
+            )
 
     def _worker_failure(self, i: int, command: str, value: tuple[bool, str, str]) -> Exception:
         is_user_error, summary, tb = value
@@ -630,7 +854,7 @@ class MultiprocessVecEnv(VecEnv):
         if self._waiting != command:
             raise RuntimeError(f"no {command!r} in flight to wait for (in flight: {self._waiting}).")
         try:
-            return self._gather(command.removesuffix("_shared"), self.timeout_s)
+            return self._gather_shared() if command == "step_shared" else self._gather(command, self.timeout_s)
         finally:
             if not self._closed:
                 self._waiting = None
@@ -650,8 +874,14 @@ class MultiprocessVecEnv(VecEnv):
         if buffers is not None and actions.shape == buffers.actions.shape and actions.dtype == buffers.actions.dtype:
             self._begin("step_shared")
             buffers.actions[...] = actions
-            for i in range(self.num_procs):
-                self._send_bytes(i, "step", _STEP_SHARED)
+            self._seq = seq = self._seq + 1
+            memory_fence()  # the actions before the command
+            for bell in self._bells:
+                bell.ring(seq)
+            memory_fence()  # the command before the look at the workers' sleep flags
+            for i, bell in enumerate(self._bells):
+                if bell.worker_asleep():
+                    self._send_bytes(i, "step", _WAKE)
         else:  # an unexpected dtype or shape goes pickled, so the envs see exactly what was given
             self._begin("step")
             self._send_all("step", [actions[start:end] for start, end in self.bounds])

@@ -445,9 +445,12 @@ def test_command_waiter_spins_only_when_the_parent_answers_fast():
         waiter.gaps = [50e-6] * 3
         waiter.replied()
         os.write(write, b"S")
-        waiter.wait()
+        assert waiter.wait() is False  # the pipe, not a doorbell
+        waiter.received()
         assert waiter.spins == 1 and len(waiter.gaps) == 4
         assert os.read(read, 1) == b"S"
+        waiter.received()  # one gap per reply
+        assert len(waiter.gaps) == 4
         # A late command: the spin gives up and the wait blocks until it comes.
         waiter.replied()
         started = time.perf_counter()
@@ -455,6 +458,7 @@ def test_command_waiter_spins_only_when_the_parent_answers_fast():
 
         threading.Timer(0.05, os.write, (write, b"S")).start()
         waiter.wait()
+        waiter.received()
         assert time.perf_counter() - started >= 0.04
         assert waiter.gaps[-1] >= 0.04 and len(waiter.gaps) == 5
     finally:
@@ -504,9 +508,9 @@ def test_reply_waiter_sleeps_then_spins_around_the_typical_step():
         assert 0.0625 <= time.perf_counter() - sent < 0.09 and waiter.spins == 3
         # A descriptor select() cannot take (>= FD_SETSIZE) sleeps with poll in whole milliseconds.
         waiter.fileno = 5000
-        assert waiter._sleep(0.0099) is False  # 9 ms of poll on the real pipe, nothing came
+        assert waiter.sleep(0.0099) is False  # 9 ms of poll on the real pipe, nothing came
         os.write(write, b"r")
-        assert waiter._sleep(0.05) is True
+        assert waiter.sleep(0.05) is True
         os.read(read, 1)
     finally:
         os.close(read)
@@ -550,3 +554,110 @@ def test_tight_loop_results_unchanged_with_and_without_spin():
         np.testing.assert_array_equal(a.obs["state"], b.obs["state"])
         np.testing.assert_array_equal(a.reward, b.reward)
         np.testing.assert_array_equal(a.terminated | a.truncated, b.terminated | b.truncated)
+
+
+# --- the shared-memory doorbell -----------------------------------------------------------------
+
+
+def test_doorbell_handshake_sleeps_wakes_and_publishes():
+    import multiprocessing as mp
+    import select
+    import threading
+
+    from envs.multiprocess import _WAKE, Doorbell
+
+    parent_end, worker_end = mp.Pipe()
+    poller = select.poll()
+    poller.register(worker_end.fileno(), select.POLLIN)
+    row = np.zeros(Doorbell.SLOTS, np.int64)
+    parent, worker = Doorbell(row, parent_end), Doorbell(row, worker_end)
+    try:
+        # A step posted before the worker sleeps: no sleep at all, and the flag is down after.
+        parent.ring(1)
+        assert worker.worker_sleep(0, poller) is True and not parent.worker_asleep()
+        # A step posted while the worker sleeps, with the wake-up the parent sends on seeing the flag.
+        seen = []
+        threading.Timer(0.02, lambda: (seen.append(parent.worker_asleep()), parent.ring(2), parent_end.send_bytes(_WAKE))).start()
+        start = time.perf_counter()
+        assert worker.worker_sleep(1, poller) is True
+        assert seen == [True] and time.perf_counter() - start < 0.5
+        assert worker_end.recv_bytes() == _WAKE
+        # A step posted without a wake-up (a lost one) is still seen, after a sleep slice.
+        threading.Timer(0.02, parent.ring, (3,)).start()
+        start = time.perf_counter()
+        assert worker.worker_sleep(2, poller) is True
+        assert time.perf_counter() - start < 0.5 and not worker_end.poll()
+        # A pickled command on the pipe ends the sleep without a step.
+        threading.Timer(0.02, parent_end.send_bytes, (b"pickled",)).start()
+        assert worker.worker_sleep(3, poller) is False
+        assert worker_end.recv_bytes() == b"pickled"
+
+        # publish: no pipe message while the parent watches; a wake-up when it sleeps, unless the
+        # reply itself went through the pipe.
+        worker.publish(3, Doorbell.SUCCESS)
+        assert parent.done(3) and row[Doorbell.REPLY] == Doorbell.SUCCESS and not parent_end.poll()
+        row[Doorbell.PARENT_ASLEEP] = 1
+        worker.publish(4, Doorbell.PLAIN)
+        assert parent_end.recv_bytes() == _WAKE
+        worker.publish(5, Doorbell.PIPE)
+        assert not parent_end.poll()
+        row[Doorbell.PARENT_ASLEEP] = 0
+
+        # parent_sleep: done already -> no sleep; otherwise the flag is up while it sleeps.
+        def fail(seconds):
+            raise AssertionError("slept although the step was done")
+
+        assert parent.parent_sleep(5, fail, 1.0) is True
+        flags = []
+        assert parent.parent_sleep(6, lambda s: flags.append(row[Doorbell.PARENT_ASLEEP]) or False, 0.01) is False
+        assert flags == [1] and row[Doorbell.PARENT_ASLEEP] == 0
+    finally:
+        parent_end.close()
+        worker_end.close()
+
+
+class JitteryEnv(gym.Env):
+    """Steps that take 0-3 ms at random (seeded): replies come early, on time and late."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self, horizon: int = 9) -> None:
+        self.horizon, self.t, self.x = horizon, 0, 0.0
+        self.delays = np.random.default_rng(5)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.x = 0, float(self.np_random.uniform(-1, 1))
+        return np.array([self.x, 0.0], np.float32), {}
+
+    def step(self, action):
+        delay = float(self.delays.choice([0.0, 0.0, 2e-4, 1e-3, 3e-3]))
+        if delay:
+            time.sleep(delay)
+        self.t += 1
+        self.x += float(action[0])
+        return np.array([self.x, self.t], np.float32), self.x, abs(self.x) > 3, self.t >= self.horizon, {}
+
+
+@pytest.mark.parametrize("spin_s", [0.0, 200e-6])
+def test_doorbell_under_jitter_matches_serial(spin_s):
+    """Irregular steps and irregular gaps between them (the parent sleeping, spinning and
+    arriving late on both sides of the handshake): every step is answered, in order, exactly as
+    the in-process reference; the counters end where the steps did."""
+    fns = [JitteryEnv] * 4
+    rng = np.random.default_rng(0)
+    with MultiprocessVecEnv(fns, 2, spin_s=spin_s) as env, SerialVecEnv(fns) as ref:
+        assert_same(env.reset(seed=1), ref.reset(seed=1), "reset")
+        for t in range(150):
+            actions = rng.uniform(-1, 1, (4, 1)).astype(np.float32)
+            env.step_async(actions)
+            pause = rng.choice([0.0, 0.0, 1e-4, 2e-3])  # the policy's time between the calls
+            if pause:
+                time.sleep(pause)
+            assert_same(env.step_wait(), ref.step(actions), f"t={t}")
+        assert env._seq == 150
+        if spin_s:
+            assert all(waiter.spins > 0 for waiter in env._reply_waiters)  # slept, then spun for replies
+        assert [int(bell.row[bell.DONE]) for bell in env._bells] == [150, 150]
+        assert not any(bell.row[bell.PARENT_ASLEEP] for bell in env._bells)  # the parent waits for nothing now
