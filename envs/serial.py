@@ -113,62 +113,82 @@ class SerialVecEnv(VecEnv):
 
     def step(self, actions: Any) -> StepResult:
         """One step is a chunk of one action: the same per-env loop, auto-reset and episode stats."""
-        chunk = self.chunk_step(to_numpy(self.check_step(actions))[:, None])
-        return StepResult(
-            obs=chunk.obs,
-            reward=chunk.rewards[:, 0],
-            terminated=chunk.terminated[:, 0],
-            truncated=chunk.truncated[:, 0],
-            final_obs=chunk.final_obs,
-            episodes=chunk.episodes,
-            info=chunk.info,
-        )
+        actions = to_numpy(self.check_step(actions))
+        obs, rewards, terminated, truncated, _, final_obs, episodes, info = self._advance(actions, 1, chunked=False)
+        return StepResult(obs, rewards, terminated, truncated, final_obs, episodes, info)
 
     def chunk_step(self, actions: Any) -> ChunkStepResult:
         actions = to_numpy(self.check_chunk(actions))
         n, c = actions.shape[0], actions.shape[1]
-        # Flat (n * c) Python lists, filled in the loop and turned into arrays once.
-        rewards = [0.0] * (n * c)
-        terminated = [False] * (n * c)
-        truncated = [False] * (n * c)
-        valid = [False] * (n * c)
+        obs, rewards, terminated, truncated, valid, final_obs, episodes, info = self._advance(actions, c, chunked=True)
+        assert valid is not None
+        return ChunkStepResult(
+            obs, rewards.reshape(n, c), terminated.reshape(n, c), truncated.reshape(n, c), valid.reshape(n, c), final_obs, episodes, info
+        )
+
+    def _advance(self, actions: np.ndarray, c: int, chunked: bool) -> tuple[Any, ...]:
+        """Step every env through its actions: ``actions[i]`` is one action, or (chunked) a chunk
+        of ``c`` that stops where the env's episode ends. Returns (obs, rewards, terminated,
+        truncated, valid or None, final_obs, episodes, info) with per-step arrays flat (n * c).
+
+        The hot loop of both backends on CPU: plain Python lists and counters, episode bookkeeping
+        only when an episode ends, observation rows assigned in place (~0.5 us per env and ~4 us
+        per call beyond the envs' own steps).
+        """
+        n = self.num_envs
+        size = n * c
+        rewards = [0.0] * size
+        terminated = [False] * size
+        truncated = [False] * size
+        valid = [False] * size
         success = [False] * n
         returns, lengths = self._returns, self._lengths
         episodes = EpisodeStats(np.zeros(n, bool), np.zeros(n, np.float32), np.zeros(n, np.int64), None)
-        rows, finals = _Rows(n), _Rows(n)
+        rows = _Rows(n)
+        state = None  # rows.state once known: plain array observations are assigned right here
+        finals: _Rows | None = None
         final_envs: list[int] = []
-        for i in range(n):
-            env, env_actions = self.envs[i], actions[i]
+        for i, (env, env_actions) in enumerate(zip(self.envs, actions)):
+            k = i * c
             obs = None
-            for j in range(c):
-                obs, reward, term, trunc, info = env.step(env_actions[j])
-                reward, term, trunc = float(reward), bool(term), bool(trunc)
+            for action in env_actions if chunked else (env_actions,):
+                obs, reward, term, trunc, info = env.step(action)
+                reward = float(reward)
                 returns[i] += reward
                 lengths[i] += 1
-                succ = success_of(info) if info else None
-                k = i * c + j
-                rewards[k], terminated[k], truncated[k], valid[k] = reward, term, trunc, True
-                if succ is not None:
+                rewards[k] = reward
+                valid[k] = True
+                succ = None
+                if info and ("success" in info or "is_success" in info):
+                    succ = success_of(info)
                     self._has_success = True
-                    success[i] = succ
+                    success[i] = bool(succ)
                 if term or trunc:
+                    terminated[k], truncated[k] = bool(term), bool(trunc)
                     self._finish_episode(i, succ, episodes)
+                    if finals is None:
+                        finals = _Rows(n)
                     finals.set(i, obs)
                     final_envs.append(i)
                     obs = self._reset_one(i)
                     break  # the rest of the chunk belonged to an episode that is over
-            rows.set(i, obs)
+                k += 1
+            if state is not None and type(obs) is np.ndarray:  # noqa: E721 - the hot case, checked fast
+                state[i] = obs
+            else:
+                rows.set(i, obs)
+                state = rows.state
         batch = rows.arrays
         assert batch is not None
-        return ChunkStepResult(
-            obs=batch,
-            rewards=np.array(rewards, np.float32).reshape(n, c),
-            terminated=np.array(terminated, bool).reshape(n, c),
-            truncated=np.array(truncated, bool).reshape(n, c),
-            valid=np.array(valid, bool).reshape(n, c),
-            final_obs=self._final(finals, final_envs, batch),
-            episodes=self._with_success(episodes),
-            info={"success": np.array(success, bool)} if self._has_success else {},
+        return (
+            batch,
+            np.array(rewards, np.float32),
+            np.array(terminated, bool),
+            np.array(truncated, bool),
+            np.array(valid, bool) if chunked else None,
+            self._final(finals, final_envs, batch),
+            self._with_success(episodes),
+            {"success": np.array(success, bool)} if self._has_success else {},
         )
 
     def _finish_episode(self, i: int, success: bool | None, episodes: EpisodeStats) -> None:
@@ -186,8 +206,8 @@ class SerialVecEnv(VecEnv):
             episodes.success = np.zeros(self.num_envs, bool)
         return episodes
 
-    def _final(self, finals: _Rows, final_envs: list[int], batch: Obs) -> Obs | None:
-        if not final_envs:
+    def _final(self, finals: _Rows | None, final_envs: list[int], batch: Obs) -> Obs | None:
+        if finals is None or not final_envs:
             return None
         # Rows of envs that did not finish hold their current obs (not meaningful).
         assert finals.arrays is not None
