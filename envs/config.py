@@ -32,9 +32,9 @@ class EnvConfig:
     while a policy runs between steps) and only with no more processes than cores; and the window
     around a step's typical duration in which the parent polls for its reply (after sleeping
     through the rest), only with fewer processes than cores. 0 always blocks. Measured in tight
-    loops (benchmarks/results/env_worker_spin.json): both spins +32% steps/s for HalfCheetah at 8
-    envs per process, +6% at 32, no gain for PushCube's 3 ms steps, and no change with a policy
-    between steps."""
+    loops (benchmarks/results/env_worker_spin.json): both spins +30% steps/s for HalfCheetah at 8
+    envs per process, +7% at 32, +4% for PushCube's 3 ms steps, and no loss with a policy between
+    steps."""
     max_episode_steps: int | None = None
     """Time limit (truncation); None keeps the task's default."""
     ignore_terminations: bool = False

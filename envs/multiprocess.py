@@ -315,7 +315,7 @@ class CommandWaiter:
 
     Blocking costs a sleep and a wake-up per step (tens of microseconds each on a virtual machine,
     more when the core idles); a tight stepping loop whose parent turns a reply into the next
-    command in ~50 us loses up to ~13% of its steps/s to that
+    command in ~20 us loses up to ~10% of its steps/s to that
     (``benchmarks/results/env_worker_spin.json``). The worker keeps the gaps between its last
     replies and the next commands; when their median is below ``max_spin_s`` it polls (the
     shared-memory doorbell and the pipe, yielding the core to any other runnable process) for up
@@ -386,7 +386,7 @@ class ReplyWaiter:
     more); steps shorter than twice the margin are polled for from the start. ``spin_s=0`` always
     blocks. Only used while the parent has a core its workers do not need (fewer workers than
     cores). The round trip it leaves is in ``benchmarks/results/env_worker_spin.json``
-    (``round_trips``: about a third of the blocking one around 0-200 us steps on a 2-core VM).
+    (``round_trips``: about a quarter of the blocking one around 0-200 us steps on a 2-core VM).
     """
 
     def __init__(self, fileno: int, spin_s: float, fraction: float = 0.1, window: int = 9) -> None:
