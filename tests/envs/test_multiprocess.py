@@ -661,3 +661,29 @@ def test_doorbell_under_jitter_matches_serial(procs, spin_s):
             assert all(waiter.spins > 0 for waiter in env._reply_waiters)
         assert [int(bell.row[bell.DONE]) for bell in env._bells] == [150] * procs
         assert not any(bell.row[bell.PARENT_ASLEEP] for bell in env._bells)  # the parent waits for nothing now
+
+
+def test_doorbell_steps_interleave_with_pipe_commands():
+    """Shared-memory steps (plain, with success, with finished episodes) between pickled chunk
+    steps, resets, calls and renders: the counters and the pipe stay in step with each other."""
+    fns = [functools.partial(SuccessEnv, horizon=h) for h in (2, 3, 5)]
+    rng = np.random.default_rng(1)
+    with MultiprocessVecEnv(fns, 2) as env, SerialVecEnv(fns) as ref:
+        assert_same(env.reset(seed=4), ref.reset(seed=4), "reset")
+        kinds = []
+        for t in range(60):
+            kind = rng.choice(["step", "step", "step", "chunk", "reset", "call", "render"])
+            kinds.append(kind)
+            if kind == "step":
+                actions = rng.uniform(-1, 1, (3, 2)).astype(np.float32)
+                assert_same(env.step(actions), ref.step(actions), f"t={t}")
+            elif kind == "chunk":
+                actions = rng.uniform(-1, 1, (3, 3, 2)).astype(np.float32)
+                assert_same(env.chunk_step(actions), ref.chunk_step(actions), f"t={t}")
+            elif kind == "reset":
+                assert_same(env.reset(seed=t), ref.reset(seed=t), f"t={t}")
+            elif kind == "call":
+                assert env.call("get_wrapper_attr", "horizon") == [2, 3, 5]
+            else:
+                np.testing.assert_array_equal(env.render(), ref.render())
+        assert env._seq == kinds.count("step") > 10
