@@ -63,8 +63,8 @@ THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
 _LIVENESS_SLICE_MS = 500
 #: The pipe message that only wakes a sleeping side of the shared-memory handshake.
 _WAKE = b"W"
-#: Longest sleep of a waiting side between checks of the shared counters (a wake-up is never lost
-#: with the fences below; this bounds the cost if a platform ever reorders more than x86/ARM do).
+#: Longest sleep of a waiting side between checks of the shared counters (with the fences below a
+#: wake-up is never lost on x86; this bounds what a lost one costs where stores may pass loads).
 _PARENT_SLICE_S = 0.02
 _WORKER_MAX_SLICE_S = 0.064
 #: ``select`` takes only file descriptors below FD_SETSIZE.
@@ -214,9 +214,11 @@ class StepBuffers:
 
 
 def memory_fence(_lock: Any = threading.Lock()) -> None:
-    """A full memory barrier between this process's shared-memory stores and loads: taking and
-    releasing a lock are atomic read-modify-writes (a locked instruction on x86, acquire/release
-    on ARM), which no load or store crosses."""
+    """A memory barrier between this process's shared-memory stores and loads: taking and
+    releasing a lock are atomic read-modify-writes, on x86 locked instructions, which no load or
+    store crosses (a full fence). On weaker CPUs (ARM) they only order like acquire/release, so a
+    store may still pass a later load there; the sleeps of :class:`Doorbell` are sliced, which
+    bounds what such a missed wake-up costs to one slice."""
     _lock.acquire()
     _lock.release()
 
@@ -229,7 +231,8 @@ class Doorbell:
     sequence number into ``DONE``, which the parent watches. A side that stops watching to sleep on
     the pipe first raises its ``*_ASLEEP`` flag and looks once more; the other side, after
     publishing, sends a one-byte wake-up only when that flag is up. Each side stores, fences, then
-    loads (Dekker's handshake), so a wake-up cannot be missed; sleeps are sliced all the same.
+    loads (Dekker's handshake), so a wake-up cannot be missed on x86; sleeps are sliced all the
+    same (see :func:`memory_fence`).
 
     A round trip costs two stores and a few loads instead of two pipe syscalls and two wake-ups of
     a sleeping process (tens of microseconds each on a virtual machine); the pipe stays the way
