@@ -131,9 +131,11 @@ class SerialVecEnv(VecEnv):
         of ``c`` that stops where the env's episode ends. Returns (obs, rewards, terminated,
         truncated, valid or None, final_obs, episodes, info) with per-step arrays flat (n * c).
 
-        The hot loop of both backends on CPU: plain Python lists and counters, episode bookkeeping
-        only when an episode ends, observation rows assigned in place (~0.5 us per env and ~4 us
-        per call beyond the envs' own steps).
+        The hot loop of both backends on CPU: plain Python lists and counters, final observations
+        and episode stats filled only when an episode ends, observation rows assigned in place.
+        Beyond the envs' own steps it costs ~0.5 us per env and ~4 us per call with a trivial env;
+        after a simulator step that evicts the caches (a ManiSkill step, ~0.7 ms) the same lines
+        take several microseconds per env, ~1-2% of that step.
         """
         n = self.num_envs
         size = n * c
