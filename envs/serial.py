@@ -147,9 +147,7 @@ class SerialVecEnv(VecEnv):
         returns, lengths = self._returns, self._lengths
         episodes = EpisodeStats(np.zeros(n, bool), np.zeros(n, np.float32), np.zeros(n, np.int64), None)
         rows = _Rows(n)
-        state = None  # rows.state once known: plain array observations are assigned right here
-        finals: _Rows | None = None
-        final_envs: list[int] = []
+        finals: _Rows | None = None  # final observations, once an episode ends
         for i, (env, env_actions) in enumerate(zip(self.envs, actions)):
             k = i * c
             obs = None
@@ -171,15 +169,10 @@ class SerialVecEnv(VecEnv):
                     if finals is None:
                         finals = _Rows(n)
                     finals.set(i, obs)
-                    final_envs.append(i)
                     obs = self._reset_one(i)
                     break  # the rest of the chunk belonged to an episode that is over
                 k += 1
-            if state is not None and type(obs) is np.ndarray:  # noqa: E721 - the hot case, checked fast
-                state[i] = obs
-            else:
-                rows.set(i, obs)
-                state = rows.state
+            rows.set(i, obs)
         batch = rows.arrays
         assert batch is not None
         return (
@@ -188,7 +181,7 @@ class SerialVecEnv(VecEnv):
             np.array(terminated, bool),
             np.array(truncated, bool),
             np.array(valid, bool) if chunked else None,
-            self._final(finals, final_envs, batch),
+            self._final(finals, episodes.done, batch),
             self._with_success(episodes),
             {"success": np.array(success, bool)} if self._has_success else {},
         )
@@ -208,13 +201,12 @@ class SerialVecEnv(VecEnv):
             episodes.success = np.zeros(self.num_envs, bool)
         return episodes
 
-    def _final(self, finals: _Rows | None, final_envs: list[int], batch: Obs) -> Obs | None:
-        if finals is None or not final_envs:
+    def _final(self, finals: _Rows | None, done: np.ndarray, batch: Obs) -> Obs | None:
+        if finals is None:
             return None
         # Rows of envs that did not finish hold their current obs (not meaningful).
         assert finals.arrays is not None
-        keep = np.ones(self.num_envs, bool)
-        keep[final_envs] = False
+        keep = ~done
         for key, array in finals.arrays.items():
             array[keep] = batch[key][keep]
         return finals.arrays
