@@ -710,46 +710,36 @@ class MultiprocessVecEnv(VecEnv):
             self._broken(self._dead(i, command))
 
     def _gather(self, command: str, timeout_s: float | None = None) -> list[Any]:
-        """One reply per worker, in worker order; raises after draining every live worker."""
+        """One reply per worker, in worker order; raises after draining every live worker.
+
+        A step's replies (``step``: pickled through the pipe; ``step_shared``: the extras of the
+        step posted on the doorbells, see :class:`Doorbell`) are waited for with each worker's
+        :class:`ReplyWaiter`."""
         replies: list[Any] = [None] * len(self._conns)
         failure: Exception | None = None
-        sent_at = self._sent_at if command == "step" else None
+        shared = command == "step_shared"
+        name = "step" if shared else command
+        sent_at = self._sent_at if name == "step" else None
+        seq = self._seq
         for i in range(len(self._conns)):
+            waiter = self._reply_waiters[i]
             if sent_at is not None:
-                self._reply_waiters[i].wait(sent_at)
-            status, value = self._recv(i, command, timeout_s)
+                waiter.wait(sent_at, **(self._doorbell_hooks(i, seq) if shared else {}))
+            status, value = self._recv_shared(i, seq) if shared else self._recv(i, command, timeout_s)
             if sent_at is not None:
-                self._reply_waiters[i].replied(sent_at)
+                waiter.replied(sent_at)
             if status == "ok":
                 replies[i] = value
             elif failure is None:
-                failure = self._worker_failure(i, command, value)
+                failure = self._worker_failure(i, name, value)
         if failure is not None:
             raise failure
         return replies
 
-    def _gather_shared(self) -> list[dict[str, Any]]:
-        """The extras of the step posted on the doorbells (see :class:`Doorbell`), in worker order."""
-        seq, sent_at = self._seq, self._sent_at
-        assert sent_at is not None
-        extras: list[Any] = [None] * len(self._bells)
-        failure: Exception | None = None
-        for i, bell in enumerate(self._bells):
-            waiter = self._reply_waiters[i]
-            waiter.wait(
-                sent_at,
-                ready=lambda bell=bell: bell.done(seq),
-                sleep=lambda seconds, i=i: self._sleep_shared(i, seq, seconds),
-            )
-            status, value = self._recv_shared(i, seq)
-            waiter.replied(sent_at)
-            if status == "ok":
-                extras[i] = value
-            elif failure is None:
-                failure = self._worker_failure(i, "step", value)
-        if failure is not None:
-            raise failure
-        return extras
+    def _doorbell_hooks(self, i: int, seq: int) -> dict[str, Callable[..., bool]]:
+        """How :meth:`ReplyWaiter.wait` sees and sleeps for worker ``i``'s step ``seq`` on its doorbell."""
+        bell = self._bells[i]
+        return {"ready": lambda: bell.done(seq), "sleep": lambda seconds: self._sleep_shared(i, seq, seconds)}
 
     def _recv_shared(self, i: int, seq: int) -> tuple[str, Any]:
         """Worker ``i``'s reply to step ``seq`` of the doorbell: from the block, or pickled from
@@ -763,9 +753,10 @@ class MultiprocessVecEnv(VecEnv):
         if message is not None:
             return pickle.loads(message)
         memory_fence()  # the worker's results, written before DONE
-        if bell.row[Doorbell.REPLY] == Doorbell.PIPE:
+        kind = bell.row[Doorbell.REPLY]
+        if kind == Doorbell.PIPE:
             return self._recv(i, "step", self.timeout_s)
-        return "ok", ({"has_success": True} if bell.row[Doorbell.REPLY] == Doorbell.SUCCESS else {})
+        return "ok", ({"has_success": True} if kind == Doorbell.SUCCESS else {})
 
     def _sleep_shared(self, i: int, seq: int, seconds: float) -> bool:
         """Sleep up to ``seconds`` for worker ``i``'s step ``seq``; whether it is done or its
@@ -857,7 +848,7 @@ class MultiprocessVecEnv(VecEnv):
         if self._waiting != command:
             raise RuntimeError(f"no {command!r} in flight to wait for (in flight: {self._waiting}).")
         try:
-            return self._gather_shared() if command == "step_shared" else self._gather(command, self.timeout_s)
+            return self._gather(command, self.timeout_s)
         finally:
             if not self._closed:
                 self._waiting = None
