@@ -196,10 +196,8 @@ class TokenActionPolicy(Policy):
 
     def _sequence(self, obs_tokens: torch.Tensor, action_tokens: torch.Tensor) -> torch.Tensor:
         """The decoder's input [obs ; BOS ; action_tokens] (B, N + 1 + t, d_model)."""
-        batch, steps = action_tokens.shape[0], action_tokens.shape[1]
-        actions_in = torch.cat([self.bos.expand(batch, 1, -1), self.token_embedding(action_tokens)], dim=1)
-        actions_in = actions_in + self.action_position[: steps + 1]  # (B, 1 + t, d_model)
-        return torch.cat([obs_tokens, actions_in], dim=1)
+        bos = (self.bos + self.action_position[:1]).expand(action_tokens.shape[0], 1, -1)  # (B, 1, d_model)
+        return torch.cat([obs_tokens, bos, self._action_inputs(action_tokens, position=1)], dim=1)
 
     def _action_inputs(self, action_tokens: torch.Tensor, position: int) -> torch.Tensor:
         """Inputs of action tokens that follow BOS at ``position`` (1 = the first token) (B, t, d_model)."""
