@@ -133,7 +133,7 @@ class SerialVecEnv(VecEnv):
 
         The hot loop of both backends on CPU: plain Python lists and counters, final observations
         and episode stats filled only when an episode ends, observation rows assigned in place.
-        Beyond the envs' own steps it costs ~0.5 us per env and ~4 us per call with a trivial env;
+        Beyond the envs' own steps it costs ~0.55 us per env and ~5 us per call with a trivial env;
         after a simulator step that evicts the caches (a ManiSkill step, ~0.7 ms) the same lines
         take several microseconds per env, ~1-2% of that step.
         """
