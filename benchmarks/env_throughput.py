@@ -7,6 +7,13 @@ For each workload (ManiSkill PushCube state, ManiSkill PushCube rgb 128x128, MuJ
 * ``serial``: the same ``k`` envs through :class:`SerialVecEnv` in this process;
 * ``mp xP``: ``P * k`` envs through :class:`MultiprocessVecEnv` with ``P`` worker processes
   (``k`` envs per process), for ``P`` = 1..N;
+* ``raw xP``: ``P`` raw loops in ``P`` processes at once, ``k`` envs each, no parent in the way:
+  what the machine itself gives ``P`` simulating processes (shared caches, memory bandwidth, the
+  hypervisor);
+* ``raw xP lockstep``: the same, but every process waits after each batch step until all have
+  done it (spinning on shared memory with a core each, else a blocking barrier), as one
+  synchronous step over ``P`` shards must: the batch waits for its slowest shard. The ceiling
+  for ``mp xP``, whose parent adds the messaging and shares the cores;
 * ``mp x1 chunk8``: one worker, ``chunk_step`` with 8 actions per env (one message per chunk);
 * ``mp x1 kK`` (full run): one worker with ``K`` envs, against its own ``raw kK`` loop, to show
   how the per-message cost depends on the batch per process.
@@ -21,10 +28,13 @@ median round. Ratios against the raw loop with the same envs per process:
 * ``worker_cpu``: steps per CPU-second of the env workers only (for raw/serial: the process),
   i.e. how much of a core's simulation throughput our workers keep;
 * ``cpu``: steps per CPU-second of every process involved (parent + workers); both CPU ratios
-  come from the OS's accounting and are much less sensitive to other load on the machine.
+  come from the OS's accounting and are much less sensitive to other load on the machine;
+* ``vs_lockstep``: ``mp xP`` against ``raw xP lockstep`` (best rounds; ``_paired``: median of
+  the per-round ratios): what our workers keep of what a synchronous batch over ``P`` processes
+  can get on this machine.
 
-    python -m benchmarks.env_throughput            # full (~5 min on 2 cores)
-    python -m benchmarks.env_throughput --quick    # ~1.5 min
+    python -m benchmarks.env_throughput            # full (~9 min on 2 cores)
+    python -m benchmarks.env_throughput --quick    # ~2.5 min
     python -m benchmarks.env_throughput --only halfcheetah
 
 Writes ``benchmarks/results/env_throughput.json`` (``env_throughput_quick.json`` with --quick).
@@ -85,6 +95,8 @@ class Variant:
     close: Callable[[], None]
     rounds: list[dict[str, float]] = field(default_factory=list)
     reference: str = "raw"  # the raw loop this variant is compared with
+    same_procs: str | None = None  # the raw loops in as many processes in lockstep, if measured
+    window: Callable[[float], dict[str, float]] | None = None  # measures itself (default: :func:`measure`)
 
 
 # --- raw simulator loops ------------------------------------------------------------------------------
@@ -124,25 +136,161 @@ def process_cpu_s(pid: int) -> float:
 
 
 def raw_variant(workload: Workload, actions: np.ndarray, k: int, name: str = "raw") -> Variant:
-    envs = [workload.make_raw(workload.cfg) for _ in range(k)]
-    for i, env in enumerate(envs):
-        env.reset(seed=i)
-    t = [0]
+    loops = _RawLoops(workload, actions, k)
+    return Variant(name, 1, k, loops.step, this_process_cpu_s, loops.close, reference=name)
 
-    def step() -> int:
-        row = actions[t[0] % len(actions)]
-        t[0] += 1
-        for i, env in enumerate(envs):
+
+class _RawLoops:
+    """``k`` raw envs stepped in a loop, as :func:`raw_variant` does (also in a child process)."""
+
+    def __init__(self, workload: Workload, actions: np.ndarray, k: int) -> None:
+        self.envs = [workload.make_raw(workload.cfg) for _ in range(k)]
+        for i, env in enumerate(self.envs):
+            env.reset(seed=i)
+        self.actions = actions
+        self.t = 0
+
+    def step(self) -> int:
+        row = self.actions[self.t % len(self.actions)]
+        self.t += 1
+        for i, env in enumerate(self.envs):
             _, _, terminated, truncated, _ = env.step(row[i])
             if terminated or truncated:
                 env.reset()
-        return k
+        return len(self.envs)
 
-    def close() -> None:
-        for env in envs:
+    def close(self) -> None:
+        for env in self.envs:
             env.close()
 
-    return Variant(name, 1, k, step, this_process_cpu_s, close, reference=name)
+
+class _Lockstep:
+    """A barrier over ``raw xP lockstep``'s processes, after every batch step.
+
+    With a core per process it spins (yielding) on a shared counter per process, as our env
+    workers spin for their next command; with more processes than cores it blocks (on a
+    semaphore per process, which the last to arrive releases), as our workers then block.
+    Process 0 decides when a window ends: it posts the decision for batch ``n`` before the
+    barrier (double-buffered, so a fast process cannot overwrite it before a slow one has read
+    it) and every process reads it after, so all stop at the same batch."""
+
+    def __init__(self, ctx: Any, procs: int, spin: bool) -> None:
+        self.procs = procs
+        self.counts = ctx.RawArray("q", procs) if spin else None  # spinning: batches done per process
+        self.arrived = ctx.RawValue("q", 0)  # blocking: arrivals over all batches so far
+        self.lock = None if spin else ctx.Lock()
+        self.go = [] if spin else [ctx.Semaphore(0) for _ in range(procs)]
+        self.stop = ctx.RawArray("b", 2)
+
+    def wait(self, index: int, batch: int, end: float) -> bool:
+        """After this process's ``batch``-th batch step (counted over all windows): wait for the
+        others; whether the window is over."""
+        stop = self.stop
+        if index == 0:
+            stop[batch % 2] = time.perf_counter() >= end
+        if self.counts is not None:
+            counts = np.frombuffer(self.counts, dtype=np.int64)
+            counts[index] = batch
+            while counts.min() < batch:
+                os.sched_yield()
+        else:
+            assert self.lock is not None
+            with self.lock:
+                self.arrived.value += 1
+                last = self.arrived.value == self.procs * batch
+            if last:  # everyone else waits for this batch: release each once
+                for other, go in enumerate(self.go):
+                    if other != index:
+                        go.release()
+            else:
+                self.go[index].acquire()
+        return bool(stop[batch % 2])
+
+
+def _raw_loop_child(conn: Any, workload: Workload, actions: np.ndarray, k: int, lockstep: _Lockstep | None, index: int) -> None:
+    """One of ``raw xP``'s processes: on ("run", start, end) step from ``start`` until ``end``
+    (perf_counter is system-wide on Linux) and reply (steps, CPU seconds); with ``lockstep``,
+    wait for all the others after every batch step."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
+    loops = _RawLoops(workload, actions, k)
+    for _ in range(3):
+        loops.step()
+    conn.send("ready")
+    batch = 0  # batch steps in lockstep so far, over all windows (every process has done as many)
+    try:
+        while True:
+            message = conn.recv()
+            if message is None:
+                break
+            _, start, end = message
+            while time.perf_counter() < start:
+                pass
+            steps, cpu0 = 0, time.process_time()
+            while True:
+                steps += loops.step()
+                if lockstep is not None:
+                    batch += 1
+                    if lockstep.wait(index, batch, end):
+                        break
+                elif time.perf_counter() >= end:
+                    break
+            conn.send((steps, time.process_time() - cpu0))
+    finally:
+        loops.close()
+
+
+def raw_procs_variant(workload: Workload, act_dim: int, k: int, procs: int, cores: int, lockstep: bool = False) -> Variant:
+    """``raw xP``: ``procs`` raw loops in as many processes at once, started and stopped together;
+    ``lockstep``: with a barrier after every batch step (``raw xP lockstep``)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    barrier = _Lockstep(ctx, procs, spin=procs <= cores) if lockstep else None
+    conns, children = [], []
+    for p in range(procs):
+        parent_conn, child_conn = ctx.Pipe()
+        args = (child_conn, workload, random_actions(k, act_dim, seed=p), k, barrier, p)
+        child = ctx.Process(target=_raw_loop_child, args=args, daemon=True)
+        child.start()
+        child_conn.close()
+        conns.append(parent_conn)
+        children.append(child)
+    for conn in conns:
+        if conn.recv() != "ready":
+            raise RuntimeError("a raw loop process failed to start")
+
+    def window(window_s: float) -> dict[str, float]:
+        start = time.perf_counter() + 0.01  # every child spins to the same start
+        for conn in conns:
+            conn.send(("run", start, start + window_s))
+        replies = [conn.recv() for conn in conns]  # the parent sleeps meanwhile
+        wall = max(window_s, time.perf_counter() - start)  # lockstep: the last batch may end late
+        steps, cpu = sum(r[0] for r in replies), sum(r[1] for r in replies)
+        return {"steps_per_s": steps / wall, "steps_per_cpu_s": steps / cpu, "steps_per_worker_cpu_s": steps / cpu, "steps": steps}
+
+    def close() -> None:
+        for conn in conns:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        for child in children:
+            child.join(timeout=10)
+            if child.is_alive():
+                child.kill()
+        del shared[:]
+
+    # The barrier's shared memory lives on this process's multiprocessing heap: were it garbage
+    # collected here, the next allocation would reuse the block the children still use.
+    shared = [barrier]
+
+    def unused() -> Any:
+        raise AssertionError("raw xP measures itself")
+
+    name = f"raw x{procs}" + (" lockstep" if lockstep else "")
+    return Variant(name, procs, procs * k, unused, unused, close, window=window)
 
 
 def contract_variant(
@@ -211,6 +359,10 @@ def run_workload(workload: Workload, procs_list: list[int], rounds: int, cores: 
         for procs in procs_list:
             env = make_multiprocess(workload, procs, k)
             variants.append(contract_variant(f"mp x{procs}", env, random_actions(procs * k, act_dim), procs))
+            if procs > 1:
+                variants[-1].same_procs = f"raw x{procs} lockstep"
+                variants.append(raw_procs_variant(workload, act_dim, k, procs, cores))
+                variants.append(raw_procs_variant(workload, act_dim, k, procs, cores, lockstep=True))
         if workload.chunk:
             env = make_multiprocess(workload, 1, k)
             variants.append(contract_variant(f"mp x1 chunk{workload.chunk}", env, random_actions(k, act_dim), 1, chunk=workload.chunk))
@@ -221,7 +373,7 @@ def run_workload(workload: Workload, procs_list: list[int], rounds: int, cores: 
         setup_s = time.perf_counter() - t_start
         for r in range(rounds):
             for variant in variants:
-                variant.rounds.append(measure(variant, workload.window_s))
+                variant.rounds.append(variant.window(workload.window_s) if variant.window else measure(variant, workload.window_s))
             print(f"  round {r + 1}: " + ", ".join(f"{v.name} {v.rounds[-1]['steps_per_s']:.0f}/s" for v in variants), flush=True)
     finally:
         for variant in variants:
@@ -231,6 +383,14 @@ def run_workload(workload: Workload, procs_list: list[int], rounds: int, cores: 
     results = []
     for v in variants:
         mine, raw = best[v.name], best[v.reference]
+        same = {}
+        if v.same_procs is not None:
+            same = {
+                "vs_lockstep": round(mine["steps_per_s"] / best[v.same_procs]["steps_per_s"], 3),
+                "vs_lockstep_paired": round(
+                    statistics.median(x["steps_per_s"] / r["steps_per_s"] for x, r in zip(v.rounds, reference[v.same_procs].rounds)), 3
+                ),
+            }
         results.append(
             {
                 "variant": v.name,
@@ -252,6 +412,7 @@ def run_workload(workload: Workload, procs_list: list[int], rounds: int, cores: 
                 "worker_cpu_vs_raw": round(mine["steps_per_worker_cpu_s"] / raw["steps_per_worker_cpu_s"], 3),
                 "cpu_vs_raw": round(mine["steps_per_cpu_s"] / raw["steps_per_cpu_s"], 3),
                 "speedup_vs_raw": round(mine["steps_per_s"] / raw["steps_per_s"], 3),
+                **same,
             }
         )
     return {
@@ -271,12 +432,16 @@ def make_multiprocess(workload: Workload, procs: int, per_proc: int) -> VecEnv:
 
 def print_table(name: str, report: dict[str, Any]) -> None:
     print(f"\n{name} ({report['envs_per_proc']} envs per process; ratios against the raw loop with as many envs per process)")
-    print(f"  {'variant':<13} {'envs':>5} {'steps/s':>9} {'median':>9} {'per core':>9} {'paired':>7} {'worker cpu':>11} {'all cpu':>8} {'speedup':>8}")
+    print(
+        f"  {'variant':<13} {'envs':>5} {'steps/s':>9} {'median':>9} {'per core':>9} {'paired':>7} {'worker cpu':>11} "
+        f"{'all cpu':>8} {'speedup':>8} {'vs lockstep':>12}"
+    )
     for row in report["results"]:
         print(
             f"  {row['variant']:<13} {row['num_envs']:>5} {row['steps_per_s']:>9.0f} {row['steps_per_s_median']:>9.0f} "
             f"{row['per_core_vs_raw']:>9.3f} {row['per_core_vs_raw_paired']:>7.3f} {row['worker_cpu_vs_raw']:>11.3f} "
-            f"{row['cpu_vs_raw']:>8.3f} {row['speedup_vs_raw']:>8.2f}"
+            f"{row['cpu_vs_raw']:>8.3f} {row['speedup_vs_raw']:>8.2f} "
+            + (f"{row['vs_lockstep']:>6.3f} ({row['vs_lockstep_paired']:.3f})" if "vs_lockstep" in row else "")
         )
 
 
@@ -361,7 +526,9 @@ def main() -> None:
             "Ratios are against the raw loop with the same envs per process (best rounds): per_core_vs_raw = "
             "steps/s / min(P, cores) / raw steps/s; worker_cpu_vs_raw = steps per CPU-second of the env workers "
             "/ raw's; cpu_vs_raw = steps per CPU-second of all processes (parent + workers) / raw's; "
-            "per_core_vs_raw_paired = median over rounds of the per-core ratio within each round. One thread "
+            "per_core_vs_raw_paired = median over rounds of the per-core ratio within each round. raw xP: P raw loops in "
+            "P processes at once (the machine's own scaling); raw xP lockstep: the same with a barrier after every batch step "
+            "(a synchronous batch); vs_lockstep = mp xP steps/s / raw xP lockstep steps/s. One thread "
             "per simulating process; each workload runs in a fresh process. The machine may be shared: see loadavg."
         ),
     }
