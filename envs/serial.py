@@ -39,9 +39,13 @@ def obs_as_dict(obs: Any) -> dict[str, np.ndarray]:
     return {"state": arr.astype(np.float32, copy=False)}
 
 
+#: Info keys that carry a task's success flag (``success`` as in ManiSkill/Meta-World, or ``is_success``).
+SUCCESS_KEYS = ("success", "is_success")
+
+
 def success_of(info: dict[str, Any]) -> bool | None:
-    """The success flag of one env's info (``success`` as in ManiSkill/Meta-World, or ``is_success``)."""
-    for key in ("success", "is_success"):
+    """The success flag of one env's info (the first of :data:`SUCCESS_KEYS` it has), or None."""
+    for key in SUCCESS_KEYS:
         if key in info:
             return bool(np.asarray(to_numpy(info[key])).reshape(-1)[0])
     return None
@@ -158,11 +162,10 @@ class SerialVecEnv(VecEnv):
                 lengths[i] += 1
                 rewards[k] = reward
                 valid[k] = True
-                succ = None
-                if info and ("success" in info or "is_success" in info):
-                    succ = success_of(info)
+                succ = success_of(info) if info else None
+                if succ is not None:
                     self._has_success = True
-                    success[i] = bool(succ)
+                    success[i] = succ
                 if term or trunc:
                     terminated[k], truncated[k] = bool(term), bool(trunc)
                     self._finish_episode(i, succ, episodes)

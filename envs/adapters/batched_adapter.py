@@ -50,7 +50,7 @@ from embodied.errors import UserError
 from envs.base import ChunkStepResult, EpisodeStats, Obs, StepResult, VecEnv
 from envs.config import EnvConfig
 from envs.registry import register_adapter
-from envs.serial import obs_space_as_dict
+from envs.serial import SUCCESS_KEYS, obs_space_as_dict
 
 if TYPE_CHECKING:
     import torch
@@ -128,7 +128,7 @@ class BatchedVecEnv(VecEnv):
         return torch.as_tensor(x, device=self.device).reshape(self.num_envs).bool()
 
     def _success(self, info: dict[str, Any]) -> Tensor | None:
-        for key in ("success", "is_success"):
+        for key in SUCCESS_KEYS:
             if key in info:
                 self._has_success = True
                 return self._flag(info[key])
@@ -177,7 +177,7 @@ class BatchedVecEnv(VecEnv):
         final_obs = None
         if bool(done.any()):
             final_obs = self._final_obs(info, obs)
-        out_info = {k: v for k, v in info.items() if k not in ("final_obs", "final_observation", "success", "is_success")}
+        out_info = {k: v for k, v in info.items() if k not in ("final_obs", "final_observation", *SUCCESS_KEYS)}
         if success is not None:
             out_info["success"] = success
         return StepResult(obs, reward, terminated, truncated, final_obs, episodes, out_info)
