@@ -19,6 +19,7 @@ The protocol a class must follow (the shape of Isaac Lab's ``DirectRLEnv``)::
         def step(self, actions: Tensor) -> tuple[obs, reward, terminated, truncated, info]: ...
         def close(self) -> None: ...                  # optional
         def render(self) -> Tensor | None: ...        # optional, (N, H, W, 3) uint8
+        instructions: list[str]                       # optional, one language instruction per env
 
 Shapes (N = num_envs): ``actions`` (N, A) float32 on ``device``; ``obs`` a tensor (N, D) or a dict
 of tensors such as Isaac Lab's ``{"policy": (N, D)}``; ``reward`` (N,); ``terminated`` and
@@ -47,7 +48,7 @@ import gymnasium as gym
 import numpy as np
 
 from embodied.errors import UserError
-from envs.base import ChunkStepResult, EpisodeStats, Obs, StepResult, VecEnv
+from envs.base import ChunkStepResult, EpisodeStats, Obs, StepResult, VecEnv, to_numpy
 from envs.config import EnvConfig
 from envs.registry import register_adapter
 from envs.serial import SUCCESS_KEYS, obs_space_as_dict
@@ -89,12 +90,16 @@ def _rename_obs_space(space: gym.spaces.Dict) -> gym.spaces.Dict:
 
 
 class BatchedVecEnv(VecEnv):
-    """The VecEnv contract on top of one batched torch env (see the module docstring)."""
+    """The VecEnv contract on top of one batched torch env (see the module docstring).
 
-    def __init__(self, env: Any) -> None:
+    ``instructions`` (one per env) default to the env's own ``instructions`` attribute, if any.
+    """
+
+    def __init__(self, env: Any, instructions: list[str] | None = None) -> None:
         import torch
 
         self.env = env
+        self._instructions = list(instructions) if instructions is not None else getattr(env, "instructions", None)
         self.num_envs = int(env.num_envs)
         self.device = str(getattr(env, "device", "cpu"))
         obs_space = getattr(env, "single_observation_space", None) or env.observation_space
@@ -149,7 +154,7 @@ class BatchedVecEnv(VecEnv):
     def step(self, actions: Any) -> StepResult:
         import torch
 
-        out = self.env.step(self._actions(actions))
+        out = self.env.step(self._actions(self.check_step(actions)))
         if len(out) == 5:
             obs, reward, terminated, truncated, info = out
             terminated, truncated = self._flag(terminated), self._flag(truncated)
@@ -247,9 +252,14 @@ class BatchedVecEnv(VecEnv):
         info = {} if success is None else {"success": success}
         return ChunkStepResult(result.obs, rewards, terminated, truncated, valid, final_obs, episodes, info)
 
-    def render(self) -> Any:
+    @property
+    def instructions(self) -> list[str] | None:
+        return self._instructions
+
+    def render(self) -> np.ndarray | None:
         render = getattr(self.env, "render", None)
-        return render() if callable(render) else None
+        frames = render() if callable(render) else None
+        return None if frames is None else to_numpy(frames)
 
     def close(self) -> None:
         if self._closed:

@@ -52,8 +52,9 @@ import gymnasium as gym
 import numpy as np
 
 from embodied.errors import UserError, did_you_mean
+from envs.adapters.batched_adapter import BatchedVecEnv
 from envs.adapters.gymnasium_adapter import resolve_backend, vectorize
-from envs.base import EpisodeStats, StepResult, VecEnv, to_numpy
+from envs.base import VecEnv
 from envs.config import EnvConfig
 from envs.registry import register_adapter
 from envs.vulkan import ensure_vulkan_env
@@ -323,100 +324,81 @@ def make_maniskill(cfg: EnvConfig, seed: int) -> VecEnv:
     backend = resolve_backend(cfg, auto="inprocess" if cuda else "multiprocess")
     instructions = [instruction_for(cfg.id)] * cfg.num_envs
     if backend == "inprocess" and cuda:
-        return ManiSkillGPUVecEnv(cfg, instructions)
+        return BatchedVecEnv(ManiSkillBatchedEnv(cfg, "physx_cuda"))
     fn = functools.partial(make_cpu_env, cfg)
     return vectorize([fn] * cfg.num_envs, cfg, backend, instructions)
 
 
-# --- GPU-batched backend (needs CUDA; not exercised on CPU-only machines) -------------------------------
+# --- GPU-batched backend -------------------------------------------------------------------------------
 
 
-class ManiSkillGPUVecEnv(VecEnv):
-    """All ``num_envs`` envs in one ManiSkill GPU simulation; arrays are torch tensors on ``device``.
+class ManiSkillBatchedEnv:
+    """All ``num_envs`` envs in one ManiSkill simulation, as a batched env of the protocol in
+    :mod:`envs.adapters.batched_adapter` (``is_vector_env``): :class:`BatchedVecEnv` turns it into
+    the contract, exactly as it does a user's Isaac-style env (episode stats, final observations,
+    a ``chunk_step`` that stays in torch), with torch tensors on ``device``.
 
-    Auto-reset and final observations come from ManiSkill's ``ManiSkillVectorEnv`` (partial reset
-    of the finished envs); rewards/dones stay on the GPU, episode stats are numpy. ``chunk_step``
-    is the contract's default (the whole batch steps C times; steps after an env's episode ended
-    are masked out), since a batched simulator cannot pause single envs.
+    Auto-reset comes from ManiSkill's ``ManiSkillVectorEnv`` (a partial reset of the finished
+    envs); after one, the step's own info is ManiSkill's ``final_info``, so ``success`` is read from
+    there. ``sim_backend="physx_cuda"`` is the GPU simulation; ``"physx_cpu"`` runs the same code
+    on ManiSkill's CPU simulation, which holds one env per process (how the tests check this path
+    on machines without CUDA).
     """
 
-    def __init__(self, cfg: EnvConfig, instructions: list[str] | None = None) -> None:
-        import torch
+    is_vector_env = True
+
+    def __init__(self, cfg: EnvConfig, sim_backend: str = "physx_cuda") -> None:
         from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
+        if sim_backend == "physx_cpu" and cfg.num_envs != 1:
+            raise UserError(
+                f"ManiSkill's CPU simulation holds one env per process, got num_envs={cfg.num_envs}; "
+                "use env.backend=multiprocess for several CPU envs (or a CUDA GPU for the batched simulation)."
+            )
         self.num_envs = cfg.num_envs
-        env = _make_maniskill(cfg, "physx_cuda", cfg.num_envs)
+        env = _make_maniskill(cfg, sim_backend, cfg.num_envs)
         self.env = ManiSkillVectorEnv(
             env, cfg.num_envs, auto_reset=True, ignore_terminations=cfg.ignore_terminations, record_metrics=False
         )
         self.device = str(self.env.device)
         self.obs_mode = cfg.obs_mode
-        self.observation_space, self.cameras = contract_space(self.env.single_observation_space, cfg.obs_mode)
-        self.action_space = self.env.single_action_space
-        self._instructions = instructions
-        self._returns = torch.zeros(self.num_envs, device=self.device)
-        self._lengths = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
+        self.single_observation_space, self.cameras = contract_space(self.env.single_observation_space, cfg.obs_mode)
+        self.single_action_space = self.env.single_action_space
+        self.instructions = [instruction_for(cfg.id)] * cfg.num_envs
 
-    def _obs(self, obs: Any) -> dict[str, Any]:
+    def observation(self, obs: Any) -> dict[str, Any]:
+        """ManiSkill's batched observation -> the contract's ``{"state", "rgb", ...}`` dict of tensors."""
         from mani_skill.utils import common
 
         if self.obs_mode == "state":
             return {"state": obs.float()}
-        out = {"state": obs["state"].float()} if self.obs_mode == "state+rgb" else {
-            "state": common.flatten_state_dict({k: obs[k] for k in ("agent", "extra") if k in obs}, use_torch=True, device=self.device).float()
-        }
+        if self.obs_mode == "state+rgb":
+            out = {"state": obs["state"].float()}
+        else:
+            parts = {k: obs[k] for k in ("agent", "extra") if k in obs}
+            out = {"state": common.flatten_state_dict(parts, use_torch=True, device=self.device).float()}
         for cam, key in self.cameras.items():
             out[key] = obs["sensor_data"][cam]["rgb"][..., :3]
         return out
 
     def reset(self, seed: int | None = None) -> dict[str, Any]:
+        """Reset every env; env i is seeded with ``seed + i``."""
         obs, _ = self.env.reset(seed=None if seed is None else [seed + i for i in range(self.num_envs)])
-        self._returns.zero_()
-        self._lengths.zero_()
-        return self._obs(obs)
+        return self.observation(obs)
 
-    def step(self, actions: Any) -> StepResult:
-        import torch
-
-        actions = torch.as_tensor(actions, device=self.device)
+    def step(self, actions: Any) -> tuple[dict[str, Any], Any, Any, Any, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(actions)
-        reward = reward.float()
-        self._returns += reward
-        self._lengths += 1
-        done = (terminated | truncated).bool()
-        n = self.num_envs
-        any_done = bool(done.any())
-        # after an auto-reset, info is the reset's; the step's own info is final_info
-        success = (info["final_info"] if any_done else info).get("success")
-        episodes = EpisodeStats(np.zeros(n, bool), np.zeros(n, np.float32), np.zeros(n, np.int64), None if success is None else np.zeros(n, bool))
-        final_obs = None
-        if any_done:
-            rows = to_numpy(done)
-            episodes.done[:] = rows
-            episodes.episode_return[:] = to_numpy(self._returns)
-            episodes.length[:] = to_numpy(self._lengths)
-            if success is not None:
-                episodes.success[:] = to_numpy(success).astype(bool)
-            final_obs = self._obs(info["final_observation"])
-            self._returns[done] = 0.0
-            self._lengths[done] = 0
-        return StepResult(
-            obs=self._obs(obs),
-            reward=reward,
-            terminated=terminated.bool(),
-            truncated=truncated.bool(),
-            final_obs=final_obs,
-            episodes=episodes,
-            info={} if success is None else {"success": success.bool()},
-        )
+        out: dict[str, Any] = {}
+        step_info = info.get("final_info", info)  # after an auto-reset, info is the reset's
+        if "success" in step_info:
+            out["success"] = step_info["success"]
+        if "final_observation" in info:
+            out["final_obs"] = self.observation(info["final_observation"])
+        return self.observation(obs), reward, terminated, truncated, out
 
-    @property
-    def instructions(self) -> list[str] | None:
-        return self._instructions
-
-    def render(self) -> np.ndarray | None:
+    def render(self) -> Any:
         frames = self.env.render()
-        return None if frames is None else to_numpy(frames)[..., :3].astype(np.uint8)
+        return None if frames is None else frames[..., :3]
 
     def close(self) -> None:
         self.env.close()

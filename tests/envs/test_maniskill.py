@@ -8,6 +8,7 @@ terminated/truncated, final observations, the first observation of the next epis
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -57,45 +58,80 @@ def raw_contract_obs(obs, obs_mode: str) -> dict[str, np.ndarray]:
     return {"state": state, "rgb": rgb}
 
 
-def check_against_raw(obs_mode: str, num_envs: int, num_procs: int, max_steps: int, chunks: list[int], seed: int = 11):
+def check_against_raw(
+    obs_mode: str, num_envs: int, num_procs: int, max_steps: int, chunks: list[int], seed: int = 11, batched: bool = False
+) -> dict[str, int]:
+    """Step the adapter's env and raw single envs with the same actions; everything must match.
+
+    ``batched``: the env under test is the batched backend (ManiSkill's ``ManiSkillVectorEnv``,
+    here on the CPU simulation with one env) instead of the multiprocess one. A batched simulator
+    cannot pause one env, so after an episode ends inside a chunk the rest of that env's chunk
+    moves the next episode (masked out: ``valid`` False, reward 0); the multiprocess backend
+    stops that env's chunk there. Returns how many episodes ended terminated and truncated.
+    """
     cfg = EnvConfig(
         id="PushCube-v1", num_envs=num_envs, num_procs=num_procs, backend="multiprocess",
         obs_mode=obs_mode, image_size=32, max_episode_steps=max_steps,
     )
     raws = [raw_env(obs_mode, max_steps) for _ in range(num_envs)]
-    env = make_vec_env(cfg)
-    try:
+    if batched:
+        from envs.adapters.batched_adapter import BatchedVecEnv
+        from envs.adapters.maniskill_adapter import ManiSkillBatchedEnv
+
+        env = BatchedVecEnv(ManiSkillBatchedEnv(cfg, sim_backend="physx_cpu"))
+        assert env.device == "cpu"
+    else:
+        env = make_vec_env(cfg)
         assert isinstance(env, MultiprocessVecEnv) and env.num_procs == num_procs
+    try:
         assert env.instructions == ["push the cube to the red and white target region"] * num_envs
         obs = env.reset(seed=seed)
         raw_obs = [raw_contract_obs(raws[i].reset(seed=seed + i)[0], obs_mode) for i in range(num_envs)]
+        assert set(obs) == set(env.observation_space.spaces)
         for k in obs:
+            assert tuple(obs[k].shape[1:]) == env.observation_space[k].shape
             np.testing.assert_array_equal(obs[k], np.stack([o[k] for o in raw_obs]), err_msg=f"reset {k}")
         rng = np.random.default_rng(0)
         finished = 0
+        ends = {"terminated": 0, "truncated": 0}
+        lengths = [0] * num_envs
         for chunk in chunks:
             actions = rng.uniform(-1, 1, (num_envs, chunk, 8)).astype(np.float32)
             result = env.chunk_step(actions) if chunk > 1 else env.step(actions[:, 0])
-            rewards = result.rewards if chunk > 1 else result.reward[:, None]
-            terminated = result.terminated if chunk > 1 else result.terminated[:, None]
-            truncated = result.truncated if chunk > 1 else result.truncated[:, None]
+            rewards = np.asarray(result.rewards if chunk > 1 else result.reward[:, None])
+            terminated = np.asarray(result.terminated if chunk > 1 else result.terminated[:, None])
+            truncated = np.asarray(result.truncated if chunk > 1 else result.truncated[:, None])
             for i in range(num_envs):
+                ended = False
                 for j in range(chunk):
                     o, r, term, trunc, info = raws[i].step(actions[i, j])
+                    if ended:  # batched: the next episode moves on, masked out
+                        lengths[i] += 1
+                        assert rewards[i, j] == 0 and not terminated[i, j] and not truncated[i, j]
+                        assert not np.asarray(result.valid)[i, j]
+                        continue
+                    live_info = info
+                    lengths[i] += 1
                     assert rewards[i, j] == np.float32(r), (i, j)
                     assert (terminated[i, j], truncated[i, j]) == (bool(term), bool(trunc)), (i, j)
                     if term or trunc:  # the episode ended: final obs, then the next episode's first obs
                         finished += 1
+                        ends["terminated" if term else "truncated"] += 1
                         assert result.episodes.done[i] and result.final_obs is not None
                         for k, v in raw_contract_obs(o, obs_mode).items():
                             np.testing.assert_array_equal(result.final_obs[k][i], v, err_msg=f"final_obs {k}")
                         assert result.episodes.success[i] == bool(info["success"])
+                        assert result.episodes.length[i] == lengths[i]
+                        lengths[i] = 0
                         o, _ = raws[i].reset()
-                        break  # chunk_step skips the rest of the chunk for this env
+                        ended = True
+                        if not batched:
+                            break  # chunk_step skips the rest of the chunk for this env
                 for k, v in raw_contract_obs(o, obs_mode).items():
                     np.testing.assert_array_equal(result.obs[k][i], v, err_msg=f"obs {k} env {i}")
-                assert result.info["success"][i] == bool(info["success"])
+                assert result.info["success"][i] == bool(live_info["success"])
         assert finished >= num_envs  # every env went through at least one auto-reset
+        return ends
     finally:
         env.close()
         for raw in raws:
@@ -111,6 +147,55 @@ def test_push_cube_state_multiprocess_matches_raw_maniskill(vulkan):
 @pytest.mark.slow
 def test_push_cube_rgb_multiprocess_matches_raw_maniskill(vulkan):
     check_against_raw("rgb", num_envs=2, num_procs=2, max_steps=3, chunks=[2, 2, 1])
+
+
+def succeed_at_step(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
+    """In this process, PushCube also succeeds (and so terminates) at the ``step``-th step of the
+    episodes whose seed is even: random actions alone never push the cube onto the goal, and the
+    success of a step that ends an episode is what an auto-reset must not lose."""
+    import torch
+    from mani_skill.envs.tasks.tabletop.push_cube import PushCubeEnv
+
+    evaluate = PushCubeEnv.evaluate
+
+    def patched(self):
+        info = evaluate(self)
+        even = torch.as_tensor(self._episode_seed % 2 == 0, device=self.device)
+        info["success"] = info["success"] | ((self.elapsed_steps == step) & even)
+        return info
+
+    monkeypatch.setattr(PushCubeEnv, "evaluate", patched)
+
+
+def test_batched_backend_matches_raw_maniskill_on_the_cpu_simulation(vulkan, monkeypatch):
+    # The GPU backend's code (ManiSkillVectorEnv's auto-reset, final_info, final observations,
+    # BatchedVecEnv's stats and torch chunk_step) on ManiSkill's CPU simulation: only the device
+    # differs. Episodes end by success at step 4 or by the time limit at step 5.
+    succeed_at_step(monkeypatch, 4)
+    ends = check_against_raw("state", num_envs=1, num_procs=1, max_steps=5, chunks=[1, 3, 3, 1, 3, 2, 3, 3, 1, 3, 2], batched=True)
+    assert ends["terminated"] and ends["truncated"]
+
+
+@pytest.mark.slow
+def test_batched_backend_rgb_matches_raw_maniskill_on_the_cpu_simulation(vulkan):
+    check_against_raw("rgb", num_envs=1, num_procs=1, max_steps=3, chunks=[2, 2, 1], batched=True)
+
+
+def test_batched_backend_renders_numpy_frames_and_checks_actions(vulkan):
+    from envs.adapters.batched_adapter import BatchedVecEnv
+    from envs.adapters.maniskill_adapter import ManiSkillBatchedEnv
+
+    cfg = EnvConfig(id="PushCube-v1", num_envs=1, obs_mode="state", render_size=48)
+    with BatchedVecEnv(ManiSkillBatchedEnv(cfg, sim_backend="physx_cpu")) as env:
+        env.reset(seed=0)
+        frames = env.render()
+        assert isinstance(frames, np.ndarray) and frames.shape == (1, 48, 48, 3) and frames.dtype == np.uint8
+        with pytest.raises(UserError, match="action space"):
+            env.step(np.zeros((1, 7), np.float32))
+        with pytest.raises(UserError, match="chunk_step expects"):
+            env.chunk_step(np.zeros((1, 8), np.float32))
+    with pytest.raises(UserError, match="one env per process"):
+        ManiSkillBatchedEnv(dataclasses.replace(cfg, num_envs=2), sim_backend="physx_cpu")
 
 
 @pytest.mark.slow
@@ -194,12 +279,14 @@ def test_gpu_batched_backend():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from envs.adapters.maniskill_adapter import ManiSkillGPUVecEnv
+    from envs.adapters.batched_adapter import BatchedVecEnv
+    from envs.adapters.maniskill_adapter import ManiSkillBatchedEnv
 
     cfg = EnvConfig(id="PushCube-v1", num_envs=16, obs_mode="state", max_episode_steps=4)
     env = make_vec_env(cfg)
     try:
-        assert isinstance(env, ManiSkillGPUVecEnv) and env.device.startswith("cuda")
+        assert isinstance(env, BatchedVecEnv) and isinstance(env.env, ManiSkillBatchedEnv)
+        assert env.device.startswith("cuda")
         obs = env.reset(seed=0)
         assert obs["state"].shape == (16, 35) and obs["state"].device.type == "cuda"
         for t in range(4):
