@@ -205,52 +205,56 @@ class BatchedVecEnv(VecEnv):
 
         A batched simulator cannot pause one env, so after an env's episode ends at step j its
         remaining actions move the freshly reset env, as in :meth:`VecEnv.chunk_step`; everything
-        stays in torch on ``device``.
+        stays in torch on ``device``. The per-step results are stacked and masked once per chunk;
+        only the steps where an episode ended (``step`` already knows) merge final observations
+        and stats, so a chunk costs C steps and a few tensor ops, not a dozen ops per step (each
+        a kernel launch on a GPU).
         """
         import torch
 
         actions = self._actions(self.check_chunk(actions))
         n, c, dev = self.num_envs, actions.shape[1], self.device
-        rewards = torch.zeros((n, c), dtype=torch.float32, device=dev)
-        terminated = torch.zeros((n, c), dtype=torch.bool, device=dev)
-        truncated = torch.zeros((n, c), dtype=torch.bool, device=dev)
-        valid = torch.zeros((n, c), dtype=torch.bool, device=dev)
-        ended = torch.zeros(n, dtype=torch.bool, device=dev)
-        episodes = EpisodeStats(
-            torch.zeros(n, dtype=torch.bool, device=dev),
-            torch.zeros(n, dtype=torch.float32, device=dev),
-            torch.zeros(n, dtype=torch.int64, device=dev),
-            None,
-        )
+        rewards, terms, truncs = [], [], []
+        ended: Tensor | None = None  # envs whose episode ended at an earlier step of the chunk
         final_obs: TorchObs | None = None
+        episodes: EpisodeStats | None = None
         success: Tensor | None = None
         result = None
         for j in range(c):
             result = self.step(actions[:, j])
-            live = ~ended
-            valid[:, j] = live
-            rewards[:, j] = torch.where(live, result.reward, torch.zeros_like(result.reward))
-            terminated[:, j] = result.terminated & live
-            truncated[:, j] = result.truncated & live
-            just_done = terminated[:, j] | truncated[:, j]
-            if bool(just_done.any()):
-                final_obs = _merge_rows(final_obs, result.final_obs, just_done)
-                ep = result.episodes
-                episodes.done |= just_done
-                episodes.episode_return = torch.where(just_done, ep.episode_return, episodes.episode_return)
-                episodes.length = torch.where(just_done, ep.length, episodes.length)
-                if ep.success is not None:
-                    prev = episodes.success if episodes.success is not None else torch.zeros_like(just_done)
-                    episodes.success = torch.where(just_done, ep.success, prev)
-            if "success" in result.info:
-                prev = success if success is not None else torch.zeros_like(live)
-                success = torch.where(live, result.info["success"], prev)
-            ended |= just_done
+            rewards.append(result.reward)
+            terms.append(result.terminated)
+            truncs.append(result.truncated)
+            if "success" in result.info:  # the success of the last step in the chunk's episode
+                step_success = result.info["success"]
+                success = step_success if ended is None or success is None else torch.where(ended, success, step_success)
+            if result.final_obs is None:  # no env finished at this step
+                continue
+            done = result.terminated | result.truncated
+            just_done = done if ended is None else done & ~ended
+            final_obs = _merge_rows(final_obs, result.final_obs, just_done)
+            episodes = _merge_episodes(episodes, result.episodes, just_done)
+            ended = just_done if ended is None else ended | just_done
         assert result is not None
+        reward = torch.stack(rewards, dim=1)
+        terminated, truncated = torch.stack(terms, dim=1), torch.stack(truncs, dim=1)
+        valid = torch.ones((n, c), dtype=torch.bool, device=dev)
+        if ended is not None:  # mask the steps after each env's first done
+            ended_before = (terminated | truncated).cumsum(dim=1) > 0
+            valid[:, 1:] = ~ended_before[:, :-1]
+            reward = reward * valid
+            terminated, truncated = terminated & valid, truncated & valid
+        if episodes is None:
+            episodes = EpisodeStats(
+                torch.zeros(n, dtype=torch.bool, device=dev),
+                torch.zeros(n, dtype=torch.float32, device=dev),
+                torch.zeros(n, dtype=torch.int64, device=dev),
+                None,
+            )
         if self._has_success and episodes.success is None:
             episodes.success = torch.zeros_like(episodes.done)
         info = {} if success is None else {"success": success}
-        return ChunkStepResult(result.obs, rewards, terminated, truncated, valid, final_obs, episodes, info)
+        return ChunkStepResult(result.obs, reward, terminated, truncated, valid, final_obs, episodes, info)
 
     @property
     def instructions(self) -> list[str] | None:
@@ -268,6 +272,25 @@ class BatchedVecEnv(VecEnv):
         close = getattr(self.env, "close", None)
         if callable(close):
             close()
+
+
+def _merge_episodes(base: EpisodeStats | None, new: EpisodeStats, rows: Tensor) -> EpisodeStats:
+    """The stats of ``rows`` from ``new``, the others from ``base`` (``new``'s own rows if None)."""
+    import torch
+
+    if base is None:
+        done = rows.clone()
+        success = None if new.success is None else torch.where(rows, new.success, torch.zeros_like(rows))
+        return EpisodeStats(done, new.episode_return, new.length, success)
+    success = base.success
+    if new.success is not None:
+        success = torch.where(rows, new.success, base.success if base.success is not None else torch.zeros_like(rows))
+    return EpisodeStats(
+        base.done | rows,
+        torch.where(rows, new.episode_return, base.episode_return),
+        torch.where(rows, new.length, base.length),
+        success,
+    )
 
 
 def _merge_rows(base: TorchObs | None, new: TorchObs | None, rows: Tensor) -> TorchObs | None:

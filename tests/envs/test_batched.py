@@ -165,6 +165,47 @@ def test_chunk_step_final_obs_comes_from_the_step_the_episode_ended():
     assert finished.all()
 
 
+def test_chunk_step_agrees_with_the_contracts_step_by_step_reference():
+    # Episodes that end at different steps of a chunk (successes at random, time limits after
+    # them), some envs ending at two steps of one chunk: BatchedVecEnv's stacked, once-masked
+    # chunk_step must give what the contract's reference (VecEnv.chunk_step over step) gives.
+    from envs.base import VecEnv
+
+    n, c = 16, 4
+    fast, ref = (make(num_envs=n, max_episode_steps=3, goal_radius=0.45, step_size=0.3) for _ in range(2))
+    fast.reset(seed=1), ref.reset(seed=1)
+    ends = torch.zeros(n, dtype=torch.int64)  # episodes that ended in the chunk, per env (masked ones too)
+    inner_step = ref.env.step
+
+    def counting_step(actions):
+        out = inner_step(actions)
+        ends.add_((out[2] | out[3]).long())
+        return out
+
+    ref.env.step = counting_step
+    gen = torch.Generator().manual_seed(0)
+    first_end_steps, two_ends = set(), 0
+    for _ in range(12):
+        chunk = torch.rand(n, c, 2, generator=gen) * 2 - 1
+        ends.zero_()
+        a, b = fast.chunk_step(chunk), VecEnv.chunk_step(ref, chunk)
+        first_end_steps |= {int(np.flatnonzero(row)[0]) for row in np.asarray(b.terminated | b.truncated) if row.any()}
+        two_ends += int((ends > 1).sum())
+        for name in ("rewards", "terminated", "truncated", "valid"):
+            np.testing.assert_array_equal(np.asarray(getattr(a, name)), np.asarray(getattr(b, name)), err_msg=name)
+        np.testing.assert_array_equal(np.asarray(a.obs["state"]), np.asarray(b.obs["state"]))
+        np.testing.assert_array_equal(np.asarray(a.info["success"]), np.asarray(b.info["success"]))
+        done = np.asarray(b.episodes.done)
+        np.testing.assert_array_equal(np.asarray(a.episodes.done), done)
+        if done.any():
+            np.testing.assert_array_equal(np.asarray(a.final_obs["state"])[done], np.asarray(b.final_obs["state"])[done])
+            for name in ("episode_return", "length", "success"):
+                np.testing.assert_array_equal(np.asarray(getattr(a.episodes, name))[done], np.asarray(getattr(b.episodes, name))[done])
+        else:
+            assert a.final_obs is None and b.final_obs is None
+    assert len(first_end_steps) >= 3 and two_ends > 0  # first dones at several chunk steps; second ones masked
+
+
 def test_chunk_shape_is_checked():
     env = make(num_envs=2)
     env.reset()

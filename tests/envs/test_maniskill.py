@@ -198,6 +198,26 @@ def test_batched_backend_renders_numpy_frames_and_checks_actions(vulkan):
         ManiSkillBatchedEnv(dataclasses.replace(cfg, num_envs=2), sim_backend="physx_cpu")
 
 
+def test_batched_benchmark_runs_on_the_cpu_simulation(vulkan, tmp_path):
+    # benchmarks/maniskill_batched.py is what measures the GPU simulation with >= 256 envs when a
+    # GPU is there; here its code runs end to end on ManiSkill's CPU simulation with one env.
+    import json
+
+    from benchmarks.maniskill_batched import main
+
+    out = main(["--sim-backend", "physx_cpu", "--rounds", "2", "--window", "0.2", "--out", str(tmp_path / "ms.json")])
+    report = json.loads(out.read_text())
+    assert report["sim_backend"] == "physx_cpu" and report["machine"]["cpu_cores"] >= 1
+    (run,) = report["runs"]
+    assert run["num_envs"] == 1 and run["device"] == "cpu"
+    rows = {row["variant"]: row for row in run["results"]}
+    assert set(rows) == {"raw", "contract step", "contract chunk8"}
+    for name, row in rows.items():
+        assert row["steps_per_s"] >= row["steps_per_s_median"] > 0
+        if name != "raw":
+            assert row["ratio"] == pytest.approx(row["steps_per_s"] / rows["raw"]["steps_per_s"], abs=1e-3)
+
+
 @pytest.mark.slow
 def test_push_cube_state_plus_rgb_spaces(vulkan):
     cfg = EnvConfig(id="PushCube-v1", num_envs=2, num_procs=1, backend="multiprocess", obs_mode="state+rgb", image_size=24)
