@@ -41,6 +41,7 @@ activates it before ManiSkill is imported, here and in every worker process.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import importlib.util
@@ -227,6 +228,15 @@ def _make_maniskill(cfg: EnvConfig, sim_backend: str, num_envs: int) -> gym.Env:
     try:
         with _no_download_prompt():
             return gym.make(cfg.id, max_episode_steps=cfg.max_episode_steps, **_maniskill_kwargs(cfg, sim_backend, num_envs))
+    except AssertionError as err:  # ManiSkill asserts the control mode against the robot's controllers
+        found = re.match(r"(.+) not in supported modes: (\[.*\])", str(err))
+        if found is None:
+            raise
+        mode, modes = found[1], ast.literal_eval(found[2])
+        raise UserError(
+            f"env.kwargs.control_mode={mode!r} is not a control mode of {cfg.id}'s robot.{did_you_mean(mode, modes)} "
+            f"Its control modes: {', '.join(modes)}."
+        ) from None
     except (FileNotFoundError, RuntimeError) as err:
         # Datasets some tasks load without declaring them (PartNet-Mobility, ReplicaCAD scenes).
         if str(mani_skill.ASSET_DIR) in str(err) or "download_asset" in str(err):

@@ -272,6 +272,16 @@ def test_undeclared_robot_assets_are_a_user_error_not_a_prompt(vulkan):
         make_vec_env(cfg)
 
 
+def test_unknown_control_mode_is_a_user_error_from_the_worker(vulkan):
+    cfg = EnvConfig(id="PushCube-v1", num_envs=1, num_procs=1, backend="multiprocess", kwargs={"control_mode": "pd_ee_delta_pos3"})
+    with pytest.raises(UserError, match=r"control_mode='pd_ee_delta_pos3' is not a control mode of PushCube-v1's robot\. Did you mean 'pd_ee_delta_pos'") as err:
+        make_vec_env(cfg)
+    assert "pd_joint_delta_pos" in str(err.value) and "Traceback" not in str(err.value)
+    cfg = EnvConfig(id="PushCube-v1", num_envs=1, num_procs=1, backend="multiprocess", kwargs={"control_mode": "pd_ee_delta_pose"})
+    with make_vec_env(cfg) as env:  # another robot controller: the action space follows
+        assert env.action_space.shape == (7,)
+
+
 def test_bad_obs_mode_and_backend_are_user_errors():
     with pytest.raises(UserError, match="obs_mode='depth'"):
         make_vec_env(EnvConfig(id="PushCube-v1", obs_mode="depth"))
