@@ -19,11 +19,15 @@ from __future__ import annotations
 import ctypes.util
 import functools
 import importlib
+import inspect
 import os
+import re
+from collections.abc import Iterable
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import load_env_creator
 
 from embodied.errors import UserError, did_you_mean
 from envs.base import VecEnv
@@ -104,15 +108,60 @@ def make_single_env(cfg: EnvConfig, render: bool = False) -> gym.Env:
             ensure_mujoco_gl()
             kwargs.setdefault("width", cfg.image_size)
             kwargs.setdefault("height", cfg.image_size)
-    if kind == "class":
-        env = target(**kwargs)
-        if cfg.max_episode_steps is not None:
-            env = gym.wrappers.TimeLimit(env, cfg.max_episode_steps)
-    else:
-        env = gym.make(target, max_episode_steps=cfg.max_episode_steps, **kwargs)
+    try:
+        if kind == "class":
+            env = target(**kwargs)
+            if cfg.max_episode_steps is not None:
+                env = gym.wrappers.TimeLimit(env, cfg.max_episode_steps)
+        else:
+            env = gym.make(target, max_episode_steps=cfg.max_episode_steps, **kwargs)
+    except TypeError as err:
+        raise unknown_kwarg(err, cfg.id, cfg.kwargs, env_class(kind, target)) or err
     if pixels:
         env = PixelObservation(env, cfg.image_size, keep_state=cfg.obs_mode == "state+rgb", fast_mujoco=mujoco)
     return env
+
+
+def _init_parameters(cls: type) -> set[str]:
+    """Keyword parameters of ``cls.__init__`` and of the ``__init__`` of its bases (which take
+    what a ``**kwargs`` passes on)."""
+    names: set[str] = set()
+    for klass in getattr(cls, "__mro__", ()):
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        try:
+            params = inspect.signature(init).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        names |= {p.name for p in params if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return names
+
+
+def env_class(kind: str, target: Any) -> type | None:
+    """The class behind a resolved env id (its entry point), or None if it is not a class."""
+    if kind == "id":
+        entry = gym.spec(target).entry_point
+        try:
+            target = load_env_creator(entry) if isinstance(entry, str) else entry
+        except Exception:  # noqa: BLE001 - only used to explain another error
+            return None
+    return target if isinstance(target, type) else None
+
+
+def unknown_kwarg(
+    err: TypeError, env_id: str, given: Iterable[str], *classes: type | None, also: Iterable[str] = ()
+) -> UserError | None:
+    """A UserError for an ``env.kwargs`` key (one of ``given``) that the env does not take (a
+    typo, usually), naming the parameters of ``classes`` (and ``also``) that it does take; None
+    when ``err`` is another TypeError."""
+    found = re.search(r"unexpected keyword argument '(\w+)'", str(err))
+    if found is None or found[1] not in set(given):
+        return None
+    name = found[1]
+    params = sorted(set(also).union(*(_init_parameters(cls) for cls in classes if cls is not None)))
+    listing = f" Its parameters: {', '.join(params)}." if params else ""
+    return UserError(f"env.kwargs.{name}: {env_id} takes no parameter {name!r}.{did_you_mean(name, params)}{listing}")
 
 
 class PixelObservation(gym.ObservationWrapper):

@@ -54,7 +54,7 @@ import numpy as np
 
 from embodied.errors import UserError, did_you_mean
 from envs.adapters.batched_adapter import BatchedVecEnv
-from envs.adapters.gymnasium_adapter import resolve_backend, vectorize
+from envs.adapters.gymnasium_adapter import resolve_backend, unknown_kwarg, vectorize
 from envs.base import VecEnv
 from envs.config import EnvConfig
 from envs.registry import register_adapter
@@ -237,6 +237,8 @@ def _make_maniskill(cfg: EnvConfig, sim_backend: str, num_envs: int) -> gym.Env:
             f"env.kwargs.control_mode={mode!r} is not a control mode of {cfg.id}'s robot.{did_you_mean(mode, modes)} "
             f"Its control modes: {', '.join(modes)}."
         ) from None
+    except TypeError as err:  # a misspelt env.kwargs key
+        raise unknown_kwarg(err, cfg.id, cfg.kwargs, maniskill_registry()[cfg.id].cls) or err
     except (FileNotFoundError, RuntimeError) as err:
         # Datasets some tasks load without declaring them (PartNet-Mobility, ReplicaCAD scenes).
         if str(mani_skill.ASSET_DIR) in str(err) or "download_asset" in str(err):

@@ -44,7 +44,7 @@ import gymnasium as gym
 import numpy as np
 
 from embodied.errors import UserError, did_you_mean
-from envs.adapters.gymnasium_adapter import ensure_mujoco_gl, resolve_backend, vectorize
+from envs.adapters.gymnasium_adapter import ensure_mujoco_gl, resolve_backend, unknown_kwarg, vectorize
 from envs.base import VecEnv
 from envs.config import EnvConfig
 from envs.registry import register_adapter
@@ -194,21 +194,27 @@ class RobosuiteEnv(SuiteRendering, gym.Env):
         make_kwargs.setdefault("reward_shaping", True)
         # keep the compiled model between episodes: reset takes ~2 ms instead of ~300 ms
         make_kwargs.setdefault("hard_reset", False)
-        self.env = suite.make(
-            env_name,
-            robots=robot,
-            controller_configs=suite.load_controller_config(default_controller=controller),
-            has_renderer=False,
-            has_offscreen_renderer=self.render_mode is not None,
-            use_camera_obs=use_rgb,
-            use_object_obs=True,
-            camera_names=cameras if use_rgb else camera,
-            camera_heights=image_size,
-            camera_widths=image_size,
-            horizon=max_episode_steps,
-            ignore_done=True,  # the time limit is counted here, as truncation
-            **make_kwargs,
-        )
+        try:
+            self.env = suite.make(
+                env_name,
+                robots=robot,
+                controller_configs=suite.load_controller_config(default_controller=controller),
+                has_renderer=False,
+                has_offscreen_renderer=self.render_mode is not None,
+                use_camera_obs=use_rgb,
+                use_object_obs=True,
+                camera_names=cameras if use_rgb else camera,
+                camera_heights=image_size,
+                camera_widths=image_size,
+                horizon=max_episode_steps,
+                ignore_done=True,  # the time limit is counted here, as truncation
+                **make_kwargs,
+            )
+        except TypeError as err:  # a misspelt env.kwargs key
+            from robosuite.environments.base import REGISTERED_ENVS
+
+            ours = ("robot", "robots", "controller", "camera", "wrist_camera", "terminate_on_success", "render")
+            raise unknown_kwarg(err, f"robosuite/{env_name}", make_kwargs, REGISTERED_ENVS.get(env_name), also=ours) or err
         low, high = self.env.action_spec
         self.action_space = gym.spaces.Box(low.astype(np.float32), high.astype(np.float32), dtype=np.float32)
         raw = self._rng.run(self.env.reset)

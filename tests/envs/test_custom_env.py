@@ -90,6 +90,15 @@ def test_custom_env_time_limit_and_success_through_make_vec_env(doc_namespace):
     env.close()
 
 
+def test_a_kwarg_the_custom_class_does_not_take_is_a_user_error(doc_namespace):
+    from embodied.errors import UserError
+    from envs.config import EnvConfig
+    from envs.registry import make_vec_env
+
+    with pytest.raises(UserError, match=r"env.kwargs.sise: mypkg.myenv:MyEnv takes no parameter 'sise'. Did you mean 'size'"):
+        make_vec_env(EnvConfig(id="mypkg.myenv:MyEnv", num_envs=1, kwargs={"sise": 1.0}))
+
+
 def test_by_gymnasium_id_and_module_env_id(doc_namespace):
     by_id, by_module_id = doc_namespace[1]["by_id"], doc_namespace[1]["by_module_id"]
     assert by_id.envs[0].unwrapped.speed == 0.2  # kwargs pass through gym.make

@@ -272,7 +272,11 @@ def test_undeclared_robot_assets_are_a_user_error_not_a_prompt(vulkan):
         make_vec_env(cfg)
 
 
-def test_unknown_control_mode_is_a_user_error_from_the_worker(vulkan):
+def test_bad_env_kwargs_are_user_errors_from_the_worker(vulkan):
+    cfg = EnvConfig(id="PushCube-v1", num_envs=1, num_procs=1, backend="multiprocess", kwargs={"robot_uid": "panda"})
+    with pytest.raises(UserError, match=r"env.kwargs.robot_uid: PushCube-v1 takes no parameter 'robot_uid'. Did you mean 'robot_uids'") as err:
+        make_vec_env(cfg)
+    assert "control_mode" in str(err.value)  # the task's parameters and its base class's
     cfg = EnvConfig(id="PushCube-v1", num_envs=1, num_procs=1, backend="multiprocess", kwargs={"control_mode": "pd_ee_delta_pos3"})
     with pytest.raises(UserError, match=r"control_mode='pd_ee_delta_pos3' is not a control mode of PushCube-v1's robot\. Did you mean 'pd_ee_delta_pos'") as err:
         make_vec_env(cfg)

@@ -152,6 +152,18 @@ def test_auto_backend_is_inprocess_and_bad_values_are_user_errors():
         make_vec_env(EnvConfig(id="CartPole-v1", obs_mode="pixels"))
 
 
+def test_a_misspelt_env_kwarg_is_a_user_error_with_the_envs_parameters():
+    kwargs = {"forward_reward_wieght": 2.0}
+    for backend in ("inprocess", "multiprocess"):
+        cfg = EnvConfig(id="HalfCheetah-v5", num_envs=2, num_procs=1, backend=backend, kwargs=kwargs)
+        with pytest.raises(UserError, match=r"env.kwargs.forward_reward_wieght: HalfCheetah-v5 takes no parameter.*Did you mean 'forward_reward_weight'") as err:
+            make_vec_env(cfg)
+        # HalfCheetahEnv passes **kwargs on to MujocoEnv: the parameters of both are listed
+        assert "ctrl_cost_weight" in str(err.value) and "frame_skip" in str(err.value)
+    with make_vec_env(EnvConfig(id="HalfCheetah-v5", num_envs=1, kwargs={"forward_reward_weight": 2.0})) as env:
+        assert env.envs[0].unwrapped._forward_reward_weight == 2.0
+
+
 def test_mujoco_gl_is_chosen_for_workers():
     code = "import os; from envs.adapters.gymnasium_adapter import ensure_mujoco_gl; print(ensure_mujoco_gl())"
     env = {k: v for k, v in os.environ.items() if k != "MUJOCO_GL"}

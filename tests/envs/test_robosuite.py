@@ -86,6 +86,13 @@ def test_chunk_step_stops_each_env_at_its_episode_end(lift):
     assert res.final_obs is not None and res.obs["state"].shape == (2, 42)
 
 
+def test_a_misspelt_kwarg_is_a_user_error_with_the_tasks_parameters():
+    cfg = EnvConfig(id="robosuite/Lift", num_envs=1, backend="inprocess", kwargs={"reward_scal": 2.0})
+    with pytest.raises(UserError, match=r"env.kwargs.reward_scal: robosuite/Lift takes no parameter 'reward_scal'. Did you mean 'reward_scale'") as err:
+        make_vec_env(cfg)
+    assert "wrist_camera" in str(err.value) and "placement_initializer" in str(err.value)
+
+
 def test_robot_comes_from_kwargs():
     # (Sawyer's meshes do not load in MuJoCo 3.x with robosuite 1.4: "mesh volume is too small")
     cfg = EnvConfig(id="robosuite/Lift", num_envs=1, backend="inprocess", kwargs={"robot": "UR5e"})
