@@ -17,7 +17,7 @@ Reward: robosuite's (``reward_shaping=True`` by default). ``info["success"]`` is
 ``terminate_on_success=True`` (robosuite's own tasks run to the time limit), and is truncated at
 ``env.max_episode_steps`` (default 500).
 
-``env.kwargs``: ``robot`` (default ``"Panda"``), ``controller`` (default ``"OSC_POSE"``),
+``env.kwargs``: ``robot`` (default ``"Panda"``; two Pandas for the two-arm tasks), ``controller`` (default ``"OSC_POSE"``),
 ``camera``, ``wrist_camera``, ``terminate_on_success``, ``render`` (True: ``render()`` returns
 camera frames for videos even with state observations); every other key goes to
 ``robosuite.make`` (defaults changed here: ``reward_shaping=True``, ``hard_reset=False``, which
@@ -252,9 +252,16 @@ class RobosuiteEnv(SuiteRendering, gym.Env):
         return self._last_obs, float(reward), terminated, truncated, {"success": success}
 
 
-
 def _claims(env_id: str) -> bool:
     return env_id.startswith("robosuite/")
+
+
+def _is_two_arm(env_name: str) -> bool:
+    from robosuite.environments.base import REGISTERED_ENVS
+    from robosuite.environments.manipulation.two_arm_env import TwoArmEnv
+
+    cls = REGISTERED_ENVS.get(env_name)
+    return isinstance(cls, type) and issubclass(cls, TwoArmEnv)
 
 
 @register_adapter("robosuite", _claims, priority=20, doc="robosuite tasks by robosuite/<EnvName> (Lift, Stack, Door, ...).")
@@ -271,6 +278,8 @@ def make_robosuite(cfg: EnvConfig, seed: int) -> VecEnv:
     kwargs = dict(cfg.kwargs)
     if "robots" in kwargs:  # robosuite's own spelling
         kwargs["robot"] = kwargs.pop("robots")
+    if "robot" not in kwargs and _is_two_arm(name):
+        kwargs["robot"] = ["Panda", "Panda"]  # TwoArmLift, TwoArmHandover, ...: one robot per arm
     max_steps = cfg.max_episode_steps or DEFAULT_MAX_EPISODE_STEPS
     env_fns = [
         functools.partial(

@@ -93,6 +93,16 @@ def test_a_misspelt_kwarg_is_a_user_error_with_the_tasks_parameters():
     assert "wrist_camera" in str(err.value) and "placement_initializer" in str(err.value)
 
 
+def test_two_arm_tasks_get_two_robots_by_default():
+    cfg = EnvConfig(id="robosuite/TwoArmLift", num_envs=1, backend="inprocess", max_episode_steps=2)
+    with make_vec_env(cfg) as env:
+        assert [r.name for r in env.envs[0].env.robots] == ["Panda", "Panda"]
+        assert env.action_space.shape == (14,)  # 7-D OSC_POSE + gripper per arm
+        env.reset(seed=0)
+        result = env.step(np.zeros((1, 14), np.float32))
+        assert result.obs["state"].shape == (1, *env.observation_space["state"].shape)
+
+
 def test_robot_comes_from_kwargs():
     # (Sawyer's meshes do not load in MuJoCo 3.x with robosuite 1.4: "mesh volume is too small")
     cfg = EnvConfig(id="robosuite/Lift", num_envs=1, backend="inprocess", kwargs={"robot": "UR5e"})
