@@ -30,6 +30,11 @@ Determinism: envs are made with ``enhanced_determinism=True``, so an auto-reset 
 episode from the env's own RNG (seeded by ``reset(seed)``) rather than from the process-global
 torch RNG: the same seeds give the same episodes whatever ``num_procs`` is.
 
+Every task in ManiSkill's registry either runs here (46 of 74 in ManiSkill 3.0.1, state and rgb,
+multi-robot tasks included: their per-robot actions are one flat vector, the robots' actions
+concatenated) or fails at once with a :class:`UserError` that says what is missing (assets; a
+camera for ``rgb``; an obs mode the task lacks); ``tests/envs/test_maniskill.py`` sweeps them all.
+
 Assets: tasks that need downloaded assets (YCB objects, PartNet-Mobility, scene datasets, some
 robots) raise a :class:`UserError` that names the asset set and how to provide it. ManiSkill's
 interactive download prompt is never shown (unattended it would be an ``EOFError`` or a hang).
@@ -46,6 +51,7 @@ import contextlib
 import functools
 import importlib.util
 import re
+import traceback
 from collections.abc import Iterator
 from typing import Any
 
@@ -218,7 +224,9 @@ def make_cpu_env(cfg: EnvConfig) -> gym.Env:
     from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
 
     env = _make_maniskill(cfg, "physx_cpu", 1)
-    return ContractObservation(CPUGymWrapper(env), cfg.obs_mode)
+    cpu = CPUGymWrapper(env)
+    cpu.action_space = env.get_wrapper_attr("single_action_space")  # the flattened one of multi-robot tasks
+    return ContractObservation(cpu, cfg.obs_mode)
 
 
 def _make_maniskill(cfg: EnvConfig, sim_backend: str, num_envs: int) -> gym.Env:
@@ -227,7 +235,7 @@ def _make_maniskill(cfg: EnvConfig, sim_backend: str, num_envs: int) -> gym.Env:
 
     try:
         with _no_download_prompt():
-            return gym.make(cfg.id, max_episode_steps=cfg.max_episode_steps, **_maniskill_kwargs(cfg, sim_backend, num_envs))
+            env = gym.make(cfg.id, max_episode_steps=cfg.max_episode_steps, **_maniskill_kwargs(cfg, sim_backend, num_envs))
     except AssertionError as err:  # ManiSkill asserts the control mode against the robot's controllers
         found = re.match(r"(.+) not in supported modes: (\[.*\])", str(err))
         if found is None:
@@ -239,6 +247,18 @@ def _make_maniskill(cfg: EnvConfig, sim_backend: str, num_envs: int) -> gym.Env:
         ) from None
     except TypeError as err:  # a misspelt env.kwargs key
         raise unknown_kwarg(err, cfg.id, cfg.kwargs, maniskill_registry()[cfg.id].cls) or err
+    except NotImplementedError as err:  # e.g. SO100GraspCube-v1 has no plain "rgb" mode
+        if "obs mode" not in str(err).lower():
+            raise
+        raise UserError(f"ManiSkill task {cfg.id!r} does not support env.obs_mode={cfg.obs_mode!r} ({err}).") from None
+    except KeyError as err:  # ManiSkill's PartNet-Mobility index has no path for a model that is not downloaded
+        if not any("partnet_mobility" in frame.filename for frame in traceback.extract_tb(err.__traceback__)):
+            raise
+        raise UserError(
+            _asset_help(f"ManiSkill task {cfg.id!r} needs PartNet-Mobility model {err}, which is not here (asset set partnet_mobility_cabinet).")
+        ) from None
+    except ImportError as err:  # a package only some tasks import
+        raise UserError(f"ManiSkill task {cfg.id!r} needs a package that is not installed: {err}") from None
     except (FileNotFoundError, RuntimeError) as err:
         # Datasets some tasks load without declaring them (PartNet-Mobility, ReplicaCAD scenes).
         if str(mani_skill.ASSET_DIR) in str(err) or "download_asset" in str(err):
@@ -250,6 +270,13 @@ def _make_maniskill(cfg: EnvConfig, sim_backend: str, num_envs: int) -> gym.Env:
                 "Vulkan) into .venv/vulkan, which the envs then use automatically."
             ) from None
         raise
+    if isinstance(env.unwrapped.single_action_space, gym.spaces.Dict):
+        # multi-robot tasks (TwoRobotPickCube, ...) take one action per robot: one flat vector,
+        # the robots' actions concatenated in the order of the space's keys
+        from mani_skill.utils.wrappers.flatten import FlattenActionSpaceWrapper
+
+        env = FlattenActionSpaceWrapper(env)
+    return env
 
 
 def _leaves(space_or_obs: Any) -> Iterator[Any]:
@@ -273,9 +300,10 @@ def camera_keys(cameras: list[str]) -> dict[str, str]:
     return {cam: "rgb" if i == 0 else f"rgb/{cam}" for i, cam in enumerate(cameras)}
 
 
-def contract_space(space: gym.spaces.Space, obs_mode: str) -> tuple[gym.spaces.Dict, dict[str, str]]:
+def contract_space(space: gym.spaces.Space, obs_mode: str, task: str = "this task") -> tuple[gym.spaces.Dict, dict[str, str]]:
     """The contract's Dict space of one env from ManiSkill's single-env space, and its cameras
-    (camera name -> observation key)."""
+    (camera name -> observation key); a UserError when image observations are asked of a task
+    without cameras."""
     if obs_mode == "state":
         dim = int(np.prod(space.shape))
     elif obs_mode == "state+rgb":
@@ -285,8 +313,13 @@ def contract_space(space: gym.spaces.Space, obs_mode: str) -> tuple[gym.spaces.D
     spaces: dict[str, gym.Space] = {"state": gym.spaces.Box(-np.inf, np.inf, (dim,), np.float32)}
     cameras: dict[str, str] = {}
     if obs_mode != "state":
-        sensors = space["sensor_data"]
+        sensors = space.spaces.get("sensor_data", gym.spaces.Dict())
         cameras = camera_keys([cam for cam in sensors.spaces if "rgb" in sensors[cam].spaces])
+        if not cameras:
+            raise UserError(
+                f"ManiSkill task {task} has no cameras, so env.obs_mode={obs_mode!r} would have no images; use "
+                "env.obs_mode=state (videos still come from the env's render camera)."
+            )
         for cam, key in cameras.items():
             h, w = sensors[cam]["rgb"].shape[-3:-1]
             spaces[key] = gym.spaces.Box(0, 255, (h, w, 3), np.uint8)
@@ -299,7 +332,7 @@ class ContractObservation(gym.ObservationWrapper):
     def __init__(self, env: gym.Env, obs_mode: str) -> None:
         super().__init__(env)
         self.obs_mode = obs_mode
-        self.observation_space, self.cameras = contract_space(env.observation_space, obs_mode)
+        self.observation_space, self.cameras = contract_space(env.observation_space, obs_mode, repr(env.unwrapped.spec.id))
 
     def observation(self, obs: Any) -> dict[str, np.ndarray]:
         if self.obs_mode == "state":
@@ -374,7 +407,7 @@ class ManiSkillBatchedEnv:
         )
         self.device = str(self.env.device)
         self.obs_mode = cfg.obs_mode
-        self.single_observation_space, self.cameras = contract_space(self.env.single_observation_space, cfg.obs_mode)
+        self.single_observation_space, self.cameras = contract_space(self.env.single_observation_space, cfg.obs_mode, repr(cfg.id))
         self.single_action_space = self.env.single_action_space
         self.instructions = [instruction_for(cfg.id)] * cfg.num_envs
 
