@@ -117,6 +117,8 @@ def make_single_env(cfg: EnvConfig, render: bool = False) -> gym.Env:
             env = gym.make(target, max_episode_steps=cfg.max_episode_steps, **kwargs)
     except TypeError as err:
         raise unknown_kwarg(err, cfg.id, cfg.kwargs, env_class(kind, target)) or err
+    except ImportError as err:  # a dependency the env needs (or a version it refuses, e.g. Pusher-v4 on mujoco>=3)
+        raise UserError(f"env.id={cfg.id!r} cannot be built here: {err}") from None
     if pixels:
         env = PixelObservation(env, cfg.image_size, keep_state=cfg.obs_mode == "state+rgb", fast_mujoco=mujoco)
     return env

@@ -164,6 +164,27 @@ def test_a_misspelt_env_kwarg_is_a_user_error_with_the_envs_parameters():
         assert env.envs[0].unwrapped._forward_reward_weight == 2.0
 
 
+@pytest.mark.slow
+def test_every_gymnasium_mujoco_env_steps_with_state_and_pixels(gl):
+    ids = sorted(k for k, s in gym.registry.items() if isinstance(s.entry_point, str) and s.entry_point.startswith("gymnasium.envs.mujoco"))
+    built = []
+    for obs_mode in ("state", "rgb"):
+        for env_id in ids:
+            cfg = EnvConfig(id=env_id, num_envs=2, backend="inprocess", max_episode_steps=2, obs_mode=obs_mode, image_size=24)
+            if env_id == "Pusher-v4":  # gymnasium refuses it on mujoco>=3: a UserError, not a traceback
+                with pytest.raises(UserError, match="Pusher-v4.*mujoco<3"):
+                    make_vec_env(cfg)
+                continue
+            with make_vec_env(cfg) as env:
+                obs = env.reset(seed=0)
+                assert set(obs) == ({"rgb"} if obs_mode == "rgb" else {"state"})
+                for _ in range(2):
+                    result = env.step(np.zeros((2, *env.action_space.shape), env.action_space.dtype))
+                assert (result.truncated | result.terminated).all()
+            built.append(env_id)
+    assert {"HalfCheetah-v5", "Hopper-v5", "Ant-v5", "InvertedPendulum-v5", "Humanoid-v5"} <= set(built) and len(built) >= 40
+
+
 def test_mujoco_gl_is_chosen_for_workers():
     code = "import os; from envs.adapters.gymnasium_adapter import ensure_mujoco_gl; print(ensure_mujoco_gl())"
     env = {k: v for k, v in os.environ.items() if k != "MUJOCO_GL"}
