@@ -229,47 +229,57 @@ def make_cpu_env(cfg: EnvConfig) -> gym.Env:
     return ContractObservation(cpu, cfg.obs_mode)
 
 
-def _make_maniskill(cfg: EnvConfig, sim_backend: str, num_envs: int) -> gym.Env:
-    """``gym.make`` of the task; missing assets (declared or not) become a UserError."""
+def _explain_make_error(err: Exception, cfg: EnvConfig) -> UserError | None:
+    """The UserError for an error of ManiSkill's ``gym.make`` that the user can fix, else None."""
     import mani_skill
 
+    message = str(err)
+    if isinstance(err, AssertionError):  # ManiSkill asserts the control mode against the robot's controllers
+        found = re.match(r"(.+) not in supported modes: (\[.*\])", message)
+        if found is None:
+            return None
+        mode, modes = found[1], ast.literal_eval(found[2])
+        return UserError(
+            f"env.kwargs.control_mode={mode!r} is not a control mode of {cfg.id}'s robot.{did_you_mean(mode, modes)} "
+            f"Its control modes: {', '.join(modes)}."
+        )
+    if isinstance(err, TypeError):  # a misspelt env.kwargs key
+        return unknown_kwarg(err, cfg.id, cfg.kwargs, maniskill_registry()[cfg.id].cls)
+    if isinstance(err, NotImplementedError):  # e.g. SO100GraspCube-v1 has no plain "rgb" mode
+        if "obs mode" not in message.lower():
+            return None
+        return UserError(f"ManiSkill task {cfg.id!r} does not support env.obs_mode={cfg.obs_mode!r} ({err}).")
+    if isinstance(err, KeyError):  # ManiSkill's PartNet-Mobility index has no path for a model that is not here
+        if not any("partnet_mobility" in frame.filename for frame in traceback.extract_tb(err.__traceback__)):
+            return None
+        return UserError(
+            _asset_help(f"ManiSkill task {cfg.id!r} needs PartNet-Mobility model {err}, which is not here (asset set partnet_mobility_cabinet).")
+        )
+    if isinstance(err, ImportError):  # a package only some tasks import
+        return UserError(f"ManiSkill task {cfg.id!r} needs a package that is not installed: {err}")
+    # FileNotFoundError, RuntimeError: datasets some tasks load without declaring them
+    # (PartNet-Mobility, ReplicaCAD scenes), or no Vulkan device
+    if str(mani_skill.ASSET_DIR) in message or "download_asset" in message:
+        return UserError(_asset_help(f"ManiSkill task {cfg.id!r} needs assets that are not here ({err})."))
+    if any(sign in message for sign in _NO_VULKAN):
+        return UserError(
+            f"ManiSkill needs a Vulkan device, even for state observations, and found none ({err}). "
+            "Without an NVIDIA GPU run scripts/setup_vulkan.sh: it fetches Mesa's lavapipe (software "
+            "Vulkan) into .venv/vulkan, which the envs then use automatically."
+        )
+    return None
+
+
+def _make_maniskill(cfg: EnvConfig, sim_backend: str, num_envs: int) -> gym.Env:
+    """``gym.make`` of the task; what a user can fix (assets, kwargs, modes) becomes a UserError."""
     try:
         with _no_download_prompt():
             env = gym.make(cfg.id, max_episode_steps=cfg.max_episode_steps, **_maniskill_kwargs(cfg, sim_backend, num_envs))
-    except AssertionError as err:  # ManiSkill asserts the control mode against the robot's controllers
-        found = re.match(r"(.+) not in supported modes: (\[.*\])", str(err))
-        if found is None:
+    except (AssertionError, TypeError, NotImplementedError, KeyError, ImportError, FileNotFoundError, RuntimeError) as err:
+        explained = _explain_make_error(err, cfg)
+        if explained is None:
             raise
-        mode, modes = found[1], ast.literal_eval(found[2])
-        raise UserError(
-            f"env.kwargs.control_mode={mode!r} is not a control mode of {cfg.id}'s robot.{did_you_mean(mode, modes)} "
-            f"Its control modes: {', '.join(modes)}."
-        ) from None
-    except TypeError as err:  # a misspelt env.kwargs key
-        raise unknown_kwarg(err, cfg.id, cfg.kwargs, maniskill_registry()[cfg.id].cls) or err
-    except NotImplementedError as err:  # e.g. SO100GraspCube-v1 has no plain "rgb" mode
-        if "obs mode" not in str(err).lower():
-            raise
-        raise UserError(f"ManiSkill task {cfg.id!r} does not support env.obs_mode={cfg.obs_mode!r} ({err}).") from None
-    except KeyError as err:  # ManiSkill's PartNet-Mobility index has no path for a model that is not downloaded
-        if not any("partnet_mobility" in frame.filename for frame in traceback.extract_tb(err.__traceback__)):
-            raise
-        raise UserError(
-            _asset_help(f"ManiSkill task {cfg.id!r} needs PartNet-Mobility model {err}, which is not here (asset set partnet_mobility_cabinet).")
-        ) from None
-    except ImportError as err:  # a package only some tasks import
-        raise UserError(f"ManiSkill task {cfg.id!r} needs a package that is not installed: {err}") from None
-    except (FileNotFoundError, RuntimeError) as err:
-        # Datasets some tasks load without declaring them (PartNet-Mobility, ReplicaCAD scenes).
-        if str(mani_skill.ASSET_DIR) in str(err) or "download_asset" in str(err):
-            raise UserError(_asset_help(f"ManiSkill task {cfg.id!r} needs assets that are not here ({err}).")) from None
-        if any(sign in str(err) for sign in _NO_VULKAN):
-            raise UserError(
-                f"ManiSkill needs a Vulkan device, even for state observations, and found none ({err}). "
-                "Without an NVIDIA GPU run scripts/setup_vulkan.sh: it fetches Mesa's lavapipe (software "
-                "Vulkan) into .venv/vulkan, which the envs then use automatically."
-            ) from None
-        raise
+        raise explained from None
     if isinstance(env.unwrapped.single_action_space, gym.spaces.Dict):
         # multi-robot tasks (TwoRobotPickCube, ...) take one action per robot: one flat vector,
         # the robots' actions concatenated in the order of the space's keys

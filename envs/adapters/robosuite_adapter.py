@@ -17,11 +17,12 @@ Reward: robosuite's (``reward_shaping=True`` by default). ``info["success"]`` is
 ``terminate_on_success=True`` (robosuite's own tasks run to the time limit), and is truncated at
 ``env.max_episode_steps`` (default 500).
 
-``env.kwargs``: ``robot`` (default ``"Panda"``; two Pandas for the two-arm tasks), ``controller`` (default ``"OSC_POSE"``),
-``camera``, ``wrist_camera``, ``terminate_on_success``, ``render`` (True: ``render()`` returns
-camera frames for videos even with state observations); every other key goes to
-``robosuite.make`` (defaults changed here: ``reward_shaping=True``, ``hard_reset=False``, which
-resets in ~2 ms instead of rebuilding the model in ~300 ms).
+``env.kwargs``: ``robot`` (default ``"Panda"``; two Pandas for the two-arm tasks), ``controller``
+(default ``"OSC_POSE"``), ``camera``, ``wrist_camera``, ``terminate_on_success``, ``render``
+(True: ``render()`` returns camera frames for videos even with state observations); every other
+key goes to ``robosuite.make`` (defaults changed here: ``reward_shaping=True``,
+``hard_reset=False``, which resets in ~2 ms instead of rebuilding the model in ~300 ms); a key
+that neither takes is a :class:`UserError` listing the parameters.
 
 Backends: ``env.backend=auto`` (the default) and ``multiprocess`` run the envs in
 ``env.num_procs`` worker processes (:class:`~envs.multiprocess.MultiprocessVecEnv`), so the

@@ -103,6 +103,20 @@ def test_two_arm_tasks_get_two_robots_by_default():
         assert result.obs["state"].shape == (1, *env.observation_space["state"].shape)
 
 
+@pytest.mark.slow
+def test_every_robosuite_task_builds_and_steps():
+    import robosuite as suite
+
+    for name in sorted(suite.ALL_ENVIRONMENTS):
+        cfg = EnvConfig(id=f"robosuite/{name}", num_envs=1, backend="inprocess", max_episode_steps=2)
+        with make_vec_env(cfg) as env:
+            obs = env.reset(seed=0)
+            assert obs["state"].shape == (1, *env.observation_space["state"].shape), name
+            for _ in range(2):
+                result = env.step(np.zeros((1, *env.action_space.shape), np.float32))
+            assert result.truncated.all() and "success" in result.info, name
+
+
 def test_robot_comes_from_kwargs():
     # (Sawyer's meshes do not load in MuJoCo 3.x with robosuite 1.4: "mesh volume is too small")
     cfg = EnvConfig(id="robosuite/Lift", num_envs=1, backend="inprocess", kwargs={"robot": "UR5e"})
