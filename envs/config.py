@@ -21,8 +21,9 @@ class EnvConfig:
     """Number of parallel envs per env worker."""
     backend: str = "auto"
     """``inprocess`` (one process steps the batch), ``multiprocess`` (envs spread over
-    ``num_procs`` processes, for CPU simulators that cannot batch), or ``auto`` (the adapter's
-    preferred backend for this machine)."""
+    ``num_procs`` processes, for CPU simulators that cannot batch), ``batched`` (ManiSkill: its
+    GPU simulation of all envs in one process), or ``auto`` (the adapter's preferred backend for
+    this machine)."""
     num_procs: int = 0
     """Processes of the multiprocess backend (each steps num_envs/num_procs envs in sequence);
     0 = one per available core, at most one per env. The M2Flow plan sets it from the env's cores."""

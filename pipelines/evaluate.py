@@ -87,7 +87,9 @@ def record_video(
 ) -> Path | None:
     """One episode of ``num_envs`` envs as ``<video_dir>/eval.mp4`` (a grid with each env's return and
     success drawn on it). Separate from the evaluation so that the evaluation never pays for
-    rendering; None, with a warning, when the env cannot render."""
+    rendering; None, with a warning, when the env cannot render. Never more envs than the
+    evaluation's (``env_cfg.num_envs``)."""
+    num_envs = min(num_envs, env_cfg.num_envs)
     cfg = dataclasses.replace(env_cfg, num_envs=num_envs)
     low = None
 

@@ -218,10 +218,11 @@ class PixelObservation(gym.ObservationWrapper):
             viewer.scn.flags[flag] = False
 
 
-def resolve_backend(cfg: EnvConfig, auto: str) -> str:
-    """``cfg.backend`` validated, with ``auto`` replaced by the adapter's choice ``auto``."""
-    if cfg.backend not in BACKENDS:
-        raise UserError(f"env.backend={cfg.backend!r} is not one of {', '.join(BACKENDS)}.{did_you_mean(cfg.backend, BACKENDS)}")
+def resolve_backend(cfg: EnvConfig, auto: str, allowed: tuple[str, ...] = BACKENDS) -> str:
+    """``cfg.backend`` validated against the adapter's ``allowed`` backends, with ``auto``
+    replaced by the adapter's choice ``auto``."""
+    if cfg.backend not in allowed:
+        raise UserError(f"env.backend={cfg.backend!r} is not one of {', '.join(allowed)}.{did_you_mean(cfg.backend, allowed)}")
     return auto if cfg.backend == "auto" else cfg.backend
 
 

@@ -2,13 +2,17 @@
 
 Backends (``env.backend``):
 
-* ``auto``: the GPU-batched simulator when CUDA is available, else ``multiprocess``.
+* ``auto``: ``batched`` when CUDA is available, else ``multiprocess``.
+* ``batched``: ManiSkill's GPU simulation (``sim_backend="physx_cuda"``) of all envs in this
+  process, returning torch tensors on ``device`` (:class:`ManiSkillBatchedEnv` behind
+  :class:`~envs.adapters.batched_adapter.BatchedVecEnv`). Without CUDA the same code runs on
+  ManiSkill's CPU simulation, which holds one env (``env.num_envs=1``): the GPU path, tried on
+  a laptop.
 * ``multiprocess``: ``env.num_envs`` single CPU envs (ManiSkill's CPU backend refuses
   ``num_envs > 1`` per process), each wrapped in ManiSkill's ``CPUGymWrapper``, spread over
   ``env.num_procs`` processes (default: one per core, at most one per env).
-* ``inprocess``: with CUDA, ManiSkill's GPU simulation (``sim_backend="physx_cuda"``) of all envs
-  in this process, returning torch tensors on ``device``; without CUDA, the single CPU envs
-  stepped one after another in this process.
+* ``inprocess``: with CUDA, ``batched``; without, the single CPU envs stepped one after another
+  in this process.
 
 Observations (``env.obs_mode``), as the env contract's dict:
 
@@ -67,6 +71,7 @@ from envs.registry import register_adapter
 from envs.vulkan import ensure_vulkan_env
 
 OBS_MODES = {"state": "state", "rgb": "rgb", "state+rgb": "state+rgb"}  # ours -> ManiSkill's
+BACKENDS = ("auto", "batched", "inprocess", "multiprocess")
 
 #: One instruction per common task (ManiSkill has no language; these describe the goal).
 INSTRUCTIONS = {
@@ -376,10 +381,10 @@ def make_maniskill(cfg: EnvConfig, seed: int) -> VecEnv:
         raise UserError(f"env.obs_mode={cfg.obs_mode!r} is not one of {', '.join(OBS_MODES)} for ManiSkill.{did_you_mean(cfg.obs_mode, OBS_MODES)}")
     check_task(cfg.id)
     cuda = _cuda_available()
-    backend = resolve_backend(cfg, auto="inprocess" if cuda else "multiprocess")
+    backend = resolve_backend(cfg, auto="batched" if cuda else "multiprocess", allowed=BACKENDS)
     instructions = [instruction_for(cfg.id)] * cfg.num_envs
-    if backend == "inprocess" and cuda:
-        return BatchedVecEnv(ManiSkillBatchedEnv(cfg, "physx_cuda"))
+    if backend == "batched" or (backend == "inprocess" and cuda):
+        return BatchedVecEnv(ManiSkillBatchedEnv(cfg, "physx_cuda" if cuda else "physx_cpu"))
     fn = functools.partial(make_cpu_env, cfg)
     return vectorize([fn] * cfg.num_envs, cfg, backend, instructions)
 

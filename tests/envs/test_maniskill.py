@@ -185,8 +185,9 @@ def test_batched_backend_renders_numpy_frames_and_checks_actions(vulkan):
     from envs.adapters.batched_adapter import BatchedVecEnv
     from envs.adapters.maniskill_adapter import ManiSkillBatchedEnv
 
-    cfg = EnvConfig(id="PushCube-v1", num_envs=1, obs_mode="state", render_size=48)
-    with BatchedVecEnv(ManiSkillBatchedEnv(cfg, sim_backend="physx_cpu")) as env:
+    cfg = EnvConfig(id="PushCube-v1", num_envs=1, obs_mode="state", render_size=48, backend="batched")
+    with make_vec_env(cfg) as env:  # env.backend=batched without CUDA: ManiSkill's CPU simulation
+        assert isinstance(env, BatchedVecEnv) and isinstance(env.env, ManiSkillBatchedEnv) and env.device == "cpu"
         env.reset(seed=0)
         frames = env.render()
         assert isinstance(frames, np.ndarray) and frames.shape == (1, 48, 48, 3) and frames.dtype == np.uint8
@@ -195,7 +196,7 @@ def test_batched_backend_renders_numpy_frames_and_checks_actions(vulkan):
         with pytest.raises(UserError, match="chunk_step expects"):
             env.chunk_step(np.zeros((1, 8), np.float32))
     with pytest.raises(UserError, match="one env per process"):
-        ManiSkillBatchedEnv(dataclasses.replace(cfg, num_envs=2), sim_backend="physx_cpu")
+        make_vec_env(dataclasses.replace(cfg, num_envs=2))
 
 
 def test_batched_benchmark_runs_on_the_cpu_simulation(vulkan, tmp_path):

@@ -267,6 +267,28 @@ def test_default_recipe_runs_on_maniskill_and_leaves_a_video(tmp_path):
 
 
 @pytest.mark.slow
+def test_maniskill_batched_backend_trains_through_the_pipeline(tmp_path):
+    """env.backend=batched is ManiSkill's GPU path (torch tensors from one batched simulation);
+    without CUDA it runs on ManiSkill's CPU simulation with one env, through the same pipeline,
+    evaluation and video."""
+    pytest.importorskip("mani_skill")
+    from tests.envs.conftest import vulkan_problem
+
+    problem = vulkan_problem()
+    if problem:
+        pytest.skip(problem)
+    run = tmp_path / "batched"
+    result = embodied(
+        "train", f"run.dir={run}", "env.backend=batched", "env.num_envs=1", "algo.rollout_steps=50",
+        "algo.total_env_steps=200", "eval.episodes=2", "eval.num_envs=1", "eval.every=0", "logging.wandb=false",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    s = summary(run)
+    assert s["env_steps"] == 200 and s["eval/success_rate"] is not None
+    assert (run / "videos" / "eval.mp4").stat().st_size > 10_000
+
+
+@pytest.mark.slow
 @pytest.mark.learning
 def test_ppo_learns_with_action_chunks(tmp_path):
     """policy.action_chunk=4: the MLP predicts 4 velocities per observation, the env workers apply
