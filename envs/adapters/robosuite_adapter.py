@@ -257,6 +257,16 @@ def _claims(env_id: str) -> bool:
     return env_id.startswith("robosuite/")
 
 
+def robosuite_tasks() -> list[str]:
+    """robosuite's own environments (``Lift``, ``Stack``, ...). Packages built on robosuite
+    register theirs in the same registry (LIBERO's BDDL scenes, which need a problem file and
+    have their own adapter); those are not ``robosuite/<name>`` tasks."""
+    from robosuite.environments.base import REGISTERED_ENVS
+
+    import_robosuite()
+    return sorted(name for name, cls in REGISTERED_ENVS.items() if getattr(cls, "__module__", "").startswith("robosuite."))
+
+
 def _is_two_arm(env_name: str) -> bool:
     from robosuite.environments.base import REGISTERED_ENVS
     from robosuite.environments.manipulation.two_arm_env import TwoArmEnv
@@ -271,10 +281,11 @@ def make_robosuite(cfg: EnvConfig, seed: int) -> VecEnv:
     name = cfg.id.split("/", 1)[1] if "/" in cfg.id else cfg.id
     check_obs_mode(cfg.obs_mode)
     suite = import_robosuite()
-    if name not in suite.ALL_ENVIRONMENTS:
+    tasks = robosuite_tasks()
+    if name not in tasks:
         raise UserError(
-            f"env.id={cfg.id!r}: robosuite has no environment {name!r}.{did_you_mean(name, suite.ALL_ENVIRONMENTS)} "
-            f"Known: {', '.join(sorted(suite.ALL_ENVIRONMENTS))}."
+            f"env.id={cfg.id!r}: robosuite has no environment {name!r}.{did_you_mean(name, tasks)} "
+            f"Known: {', '.join(tasks)}."
         )
     kwargs = dict(cfg.kwargs)
     if "robots" in kwargs:  # robosuite's own spelling
