@@ -23,6 +23,16 @@ def embodied(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     )
 
 
+def require_maniskill() -> None:
+    """Skip the test cleanly without ManiSkill or a Vulkan device for it."""
+    pytest.importorskip("mani_skill")
+    from tests.envs.conftest import vulkan_problem
+
+    problem = vulkan_problem()
+    if problem:
+        pytest.skip(problem)
+
+
 def summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
@@ -247,12 +257,7 @@ def test_replans_when_the_simulator_slows_down(tmp_path):
 def test_default_recipe_runs_on_maniskill_and_leaves_a_video(tmp_path):
     """`embodied train` with no recipe is ManiSkill PushCube (a few iterations here): the real CPU
     simulator in worker processes, a plan, an evaluation with success, and an mp4 of it."""
-    pytest.importorskip("mani_skill")
-    from tests.envs.conftest import vulkan_problem
-
-    problem = vulkan_problem()
-    if problem:
-        pytest.skip(problem)
+    require_maniskill()
     run = tmp_path / "pushcube"
     result = embodied(
         "train", f"run.dir={run}", "env.num_envs=4", "algo.rollout_steps=50", "algo.total_env_steps=400",
@@ -271,12 +276,7 @@ def test_maniskill_batched_backend_trains_through_the_pipeline(tmp_path):
     """env.backend=batched is ManiSkill's GPU path (torch tensors from one batched simulation);
     without CUDA it runs on ManiSkill's CPU simulation with one env, through the same pipeline,
     evaluation and video."""
-    pytest.importorskip("mani_skill")
-    from tests.envs.conftest import vulkan_problem
-
-    problem = vulkan_problem()
-    if problem:
-        pytest.skip(problem)
+    require_maniskill()
     run = tmp_path / "batched"
     result = embodied(
         "train", f"run.dir={run}", "env.backend=batched", "env.num_envs=1", "algo.rollout_steps=50",
