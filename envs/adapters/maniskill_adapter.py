@@ -382,11 +382,10 @@ def make_maniskill(cfg: EnvConfig, seed: int) -> VecEnv:
     check_task(cfg.id)
     cuda = _cuda_available()
     backend = resolve_backend(cfg, auto="batched" if cuda else "multiprocess", allowed=BACKENDS)
-    instructions = [instruction_for(cfg.id)] * cfg.num_envs
     if backend == "batched" or (backend == "inprocess" and cuda):
-        return BatchedVecEnv(ManiSkillBatchedEnv(cfg, "physx_cuda" if cuda else "physx_cpu"))
+        return BatchedVecEnv(ManiSkillBatchedEnv(cfg, "physx_cuda" if cuda else "physx_cpu"))  # instructions: its own
     fn = functools.partial(make_cpu_env, cfg)
-    return vectorize([fn] * cfg.num_envs, cfg, backend, instructions)
+    return vectorize([fn] * cfg.num_envs, cfg, backend, [instruction_for(cfg.id)] * cfg.num_envs)
 
 
 # --- GPU-batched backend -------------------------------------------------------------------------------

@@ -261,9 +261,9 @@ def robosuite_tasks() -> list[str]:
     """robosuite's own environments (``Lift``, ``Stack``, ...). Packages built on robosuite
     register theirs in the same registry (LIBERO's BDDL scenes, which need a problem file and
     have their own adapter); those are not ``robosuite/<name>`` tasks."""
+    import_robosuite()  # rendering set up first, and a clear error without robosuite
     from robosuite.environments.base import REGISTERED_ENVS
 
-    import_robosuite()
     return sorted(name for name, cls in REGISTERED_ENVS.items() if getattr(cls, "__module__", "").startswith("robosuite."))
 
 
@@ -280,7 +280,6 @@ def make_robosuite(cfg: EnvConfig, seed: int) -> VecEnv:
     """robosuite tasks by ``robosuite/<EnvName>`` (``robosuite/Lift``, ``robosuite/Door``, ...)."""
     name = cfg.id.split("/", 1)[1] if "/" in cfg.id else cfg.id
     check_obs_mode(cfg.obs_mode)
-    suite = import_robosuite()
     tasks = robosuite_tasks()
     if name not in tasks:
         raise UserError(
