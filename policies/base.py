@@ -1,7 +1,22 @@
 """The one policy contract. PPO/GRPO code never branches on the model type.
 
 Shapes: B = batch of envs (or samples), A = action dim, C = action chunk length (1 for per-step
-policies). Observations are the env contract's dict of batch-first arrays (``envs.base``).
+policies), K = scored positions per sample for token-level policies (VLA action tokens, LLM
+response tokens). Observations are the env contract's dict of batch-first arrays (``envs.base``)
+as torch tensors, plus, where the env has language goals, ``obs[INSTRUCTION_KEY]``: a numpy array
+of B Python strings (never a tensor). Policies that do not read language ignore it.
+
+Two granularities of log-probabilities share the contract:
+
+* **action-level** (MLP, CNN, the token transformer): ``logprobs`` is (B,), the log-probability of
+  the whole action (chunk), summed over dimensions, chunk steps or tokens;
+* **token-level** (VLAs with ``logprob_level: token``, causal LMs): ``logprobs`` is (B, K), one
+  entry per scored token, and ``mask`` (B, K) says which entries are real (an LLM response ends at
+  its first EOS; a VLA's action tokens are all real). Losses aggregate over the mask.
+
+``actions`` is what the trajectory stores and what ``evaluate`` scores (for token policies: the
+token ids); ``env_actions`` is what the env executes (for token policies: the de-tokenized,
+unnormalized continuous actions). When ``env_actions`` is None the env executes ``actions``.
 """
 
 from __future__ import annotations
@@ -13,25 +28,35 @@ import gymnasium as gym
 import torch
 from torch import nn
 
+#: Observation key of the per-env language instruction (a numpy array of B strings).
+INSTRUCTION_KEY = "instruction"
+
 
 @dataclass
 class ActionOutput:
     """What ``Policy.act`` returns; all tensors on the policy's device.
 
-    actions:  (B, A) continuous, (B,) discrete, or (B, C, A) when ``action_chunk`` > 1.
-    logprobs: (B,) log-probability of the whole action (summed over dims and chunk steps).
-    values:   (B,) critic value of the observation, or None for critic-free policies (GRPO).
+    actions:     (B, A) continuous, (B,) discrete, (B, C, A) when ``action_chunk`` > 1, or the
+                 token ids a token policy sampled ((B, C, A) for a VLA, (B, K) for an LLM).
+                 Stored in the trajectory; ``evaluate`` scores exactly these.
+    logprobs:    (B,) log-probability of the whole action, or (B, K) per token (token-level).
+    values:      (B,) critic value of the observation, or None for critic-free policies (GRPO).
+    env_actions: what the env executes when it differs from ``actions`` (a VLA's de-tokenized
+                 continuous actions, (B, C, A) float), else None.
+    mask:        (B, K) bool for token-level logprobs: which positions are real; None otherwise.
     """
 
     actions: torch.Tensor
     logprobs: torch.Tensor
     values: torch.Tensor | None
+    env_actions: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
 
 
 @dataclass
 class Evaluation:
-    """What ``Policy.evaluate`` returns for given (obs, actions): logprobs (B,), entropy (B,),
-    values (B,) or None."""
+    """What ``Policy.evaluate`` returns for given (obs, actions): logprobs and entropy of the
+    same shape as ``act`` gave them ((B,) action-level or (B, K) token-level), values (B,) or None."""
 
     logprobs: torch.Tensor
     entropy: torch.Tensor
