@@ -35,7 +35,7 @@ class PlainLoop:
 
     def __init__(self, cfg: TrainConfig) -> None:
         torch.manual_seed(cfg.seed)
-        torch.set_num_threads(cfg.workers.actor_threads)  # as the pipeline's trainer
+        torch.set_num_threads(cfg.workers.trainer_threads)  # as the pipeline's trainer
         self.cfg = cfg
         self.env = make_vec_env(cfg.env, seed=cfg.seed)
         self.policy = build_policy(cfg.policy, self.env.observation_space, self.env.action_space)

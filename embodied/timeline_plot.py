@@ -19,7 +19,7 @@ COMPONENT_COLORS = {
     "env": "#4c9a2a",
     "rollout": "#2f6fb0",
     "reward": "#e08a1e",
-    "actor": "#c0392b",
+    "trainer": "#c0392b",
     "weight_sync": "#8e44ad",
 }
 _FALLBACK_COLORS = ("#16a085", "#7f8c8d", "#d35400", "#2c3e50", "#b7950b", "#6c3483")
@@ -104,7 +104,7 @@ def _bar_text(span: Span) -> str:
         return _SWITCH_LABELS[span.kind]
     if span.kind == "sync":
         return "sync"
-    # "env t3 c1" -> "t3 c1", "rollout c2" -> "c2", "actor epoch 0 c1" -> "e0 c1", "actor epoch 1" -> "e1"
+    # "env t3 c1" -> "t3 c1", "rollout c2" -> "c2", "trainer epoch 0 c1" -> "e0 c1", "trainer epoch 1" -> "e1"
     return span.label.removeprefix(span.component).strip().replace("epoch ", "e")
 
 

@@ -89,12 +89,19 @@ class WorkersConfig:
     """CPUs reserved per env rank (fractions let workers share cores)."""
     rollout_cpus: float = 0.5
     """CPUs reserved per rollout rank."""
-    actor_cpus: float = 0.5
+    trainer_cpus: float = 0.5
     """CPUs reserved for the trainer."""
-    torch_threads: int = 1
-    """torch intra-op threads in env and rollout workers (the trainer uses ``actor_threads``)."""
-    actor_threads: int = 1
-    """torch threads of the trainer (small MLPs train fastest on one thread; raise it for big models)."""
+    rollout_threads: int = 1
+    """torch intra-op threads of each rollout rank (and of env ranks, which use torch only for
+    batched simulators) when the run is not planned (``plan.profile=false``); a plan sets them
+    from its placement."""
+    trainer_threads: int = 1
+    """torch threads of the trainer when the run is not planned (small MLPs train fastest on one
+    thread; raise it for big models)."""
+    rollout_device: str = "cpu"
+    """Device of rollout inference and of evaluation: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``."""
+    trainer_device: str = "cpu"
+    """Device of the trainer: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``."""
 
 
 @dataclass
@@ -145,7 +152,7 @@ class PlanConfig:
     max_chunks: int = 8
     """Largest chunk count the planner considers."""
     offload: list[str] | None = None
-    """Force these components (``actor``) to offload between phases; None follows the plan."""
+    """Force these components (``trainer``) to offload between phases; None follows the plan."""
     replan_threshold: float = 0.25
     """Re-plan between iterations when the measured iteration time differs from the prediction by
     more than this fraction for two iterations in a row (0 disables re-planning)."""
@@ -161,8 +168,6 @@ class TrainConfig:
     """One line on what the recipe trains."""
     seed: int = 0
     """Seeds torch, numpy, python and the envs (env i of worker r gets seed + 1000 * r + i)."""
-    device: str = "cpu"
-    """Device of the trainer: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``."""
     resume: str | None = None
     """A run dir to continue from its latest checkpoint."""
     run: RunConfig = field(default_factory=RunConfig)

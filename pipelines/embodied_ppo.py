@@ -1,9 +1,9 @@
 """Embodied PPO, the macro flow as plain sequential code.
 
     for each iteration:
-        rollout.load_weights(actor.export_weights())      # versioned weight sync
+        rollout.load_weights(trainer.export_weights())      # versioned weight sync
         env.interact(T)  ||  rollout.generate(T)          # chunks pipelined through channels
-        actor.train(trajectories)                         # GAE + PPO epochs
+        trainer.train(trajectories)                         # GAE + PPO epochs
 
 Where workers run and how the env batch is chunked comes from the plan (``plan.*``).
 """
@@ -29,7 +29,7 @@ from pipelines.config import TrainConfig
 from pipelines.evaluate import evaluate_policy
 from pipelines.rundir import RunDir
 from pipelines.planning import Layout, measured_factors, plan_embodied, profile_embodied, rescale, resources_of, workflow_of
-from pipelines.workers import ActorWorker, BlockRoute, EnvWorker, Placement, RolloutWorker, resolve_device
+from pipelines.workers import BlockRoute, EnvWorker, Pinning, RolloutWorker, TrainerWorker, resolve_device
 from scheduler import PlanResult, Profile
 from policies.registry import build_policy
 
@@ -62,15 +62,15 @@ class EmbodiedPPO:
     def num_chunks(self) -> int:
         return self.layout.num_chunks
 
-    def _placements(self) -> tuple[Placement, Placement, Placement]:
+    def _pinnings(self) -> tuple[Pinning, Pinning, Pinning]:
         """Worker placements of the current layout (unplanned: not pinned, configured threads)."""
         w, lay = self.cfg.workers, self.layout
         if self.profile is None:
-            return Placement(None, w.torch_threads), Placement(None, w.torch_threads), Placement(None, w.actor_threads)
+            return Pinning(None, w.rollout_threads), Pinning(None, w.rollout_threads), Pinning(None, w.trainer_threads)
         return (
-            Placement(lay.env_cores, 1),
-            Placement(lay.rollout_cores, self._threads("rollout", lay.rollout_cores)),
-            Placement(lay.actor_cores, self._threads("actor", lay.actor_cores)),
+            Pinning(lay.env_cores, 1),
+            Pinning(lay.rollout_cores, self._threads("rollout", lay.rollout_cores)),
+            Pinning(lay.trainer_cores, self._threads("trainer", lay.trainer_cores)),
         )
 
     def _threads(self, component: str, cores: tuple[int, ...]) -> int:
@@ -80,9 +80,9 @@ class EmbodiedPPO:
         scales = self.profile[component].cost.scaling_exponent >= MIN_THREAD_SCALING
         return len(cores) if scales else 1
 
-    def _actor_offloads(self) -> bool:
+    def _trainer_offloads(self) -> bool:
         forced = self.cfg.plan.offload
-        return "actor" in (forced if forced is not None else self.layout.plan.offload)
+        return "trainer" in (forced if forced is not None else self.layout.plan.offload)
 
     def plan(self, cluster: Cluster, log=print) -> PlanResult | None:
         """Profile (cached) and plan; sets ``self.layout``. Returns the planner's result."""
@@ -101,8 +101,8 @@ class EmbodiedPPO:
 
     def _build(self, cluster: Cluster) -> None:
         cfg, w = self.cfg, self.cfg.workers
-        threads = {k: str(w.torch_threads) for k in THREAD_ENV}
-        env_p, roll_p, actor_p = self._placements()
+        threads = {k: str(w.rollout_threads) for k in THREAD_ENV}
+        env_p, roll_p, trainer_p = self._pinnings()
         self.env = WorkerGroup(
             cluster, EnvWorker, w.env, cfg, self.num_chunks, env_p, name="env",
             resources=RankResources(w.env_cpus, env_vars=threads),
@@ -110,12 +110,12 @@ class EmbodiedPPO:
         self.obs_space, self.action_space = self.env.call("spaces", ranks=[0]).result()
         self.rollout = WorkerGroup(
             cluster, RolloutWorker, w.rollout, cfg, self.obs_space, self.action_space, self.num_chunks, roll_p,
-            name="rollout", resources=RankResources(w.rollout_cpus, 1.0 if cfg.policy.device.startswith("cuda") else 0.0, threads),
+            name="rollout", resources=RankResources(w.rollout_cpus, 1.0 if w.rollout_device.startswith("cuda") else 0.0, threads),
         )
-        self.actor = WorkerGroup(
-            cluster, ActorWorker, 1, cfg, self.obs_space, self.action_space, actor_p, self._actor_offloads(), name="actor",
+        self.trainer = WorkerGroup(
+            cluster, TrainerWorker, 1, cfg, self.obs_space, self.action_space, trainer_p, self._trainer_offloads(), name="trainer",
             resources=RankResources(
-                w.actor_cpus, 1.0 if cfg.device.startswith("cuda") else 0.0, {k: str(w.actor_threads) for k in THREAD_ENV}
+                w.trainer_cpus, 1.0 if w.trainer_device.startswith("cuda") else 0.0, {k: str(w.trainer_threads) for k in THREAD_ENV}
             ),
         )
         self._connect()
@@ -123,21 +123,21 @@ class EmbodiedPPO:
     def _connect(self) -> None:
         self.obs_channel = Channel("observations", self.rollout)
         self.action_channel = Channel("actions", self.env, route=BlockRoute(self.num_chunks))
-        self.traj_channel = Channel("trajectories", self.actor)
+        self.traj_channel = Channel("trajectories", self.trainer)
 
     def _apply_layout(self) -> None:
         """Reconfigure running workers for a new layout (between iterations)."""
-        env_p, roll_p, actor_p = self._placements()
+        env_p, roll_p, trainer_p = self._pinnings()
         wait_all(
             self.env.call("configure", self.num_chunks, env_p),
             self.rollout.call("configure", self.num_chunks, roll_p),
-            self.actor.call("configure", actor_p, self._actor_offloads()),
+            self.trainer.call("configure", trainer_p, self._trainer_offloads()),
         )
         self._connect()
 
     def _resume(self) -> None:
         model, optimizer, state = load_checkpoint(self.run.path)
-        self.actor.call("load_state", model, optimizer, state["version"]).wait()
+        self.trainer.call("load_state", model, optimizer, state["version"]).wait()
         self.iteration = int(state["iteration"])
         self.env_steps = int(state["env_steps"])
         self.wall_s_before = float(state.get("wall_s", 0.0))
@@ -152,7 +152,7 @@ class EmbodiedPPO:
         on what it collected, so no batch is left untrained)."""
         cfg = self.cfg
         t0 = time.perf_counter()
-        weights = self.actor.call("export_weights")
+        weights = self.trainer.call("export_weights")
         self.rollout.call("load_weights", weights.handle(0)).wait()
         t_sync = time.perf_counter()
         env_f = self.env.call("interact", cfg.algo.rollout_steps, self.obs_channel, self.action_channel)
@@ -201,7 +201,7 @@ class EmbodiedPPO:
         return metrics
 
     def _train_call(self):
-        return self.actor.call("train", self.traj_channel, self.rollout.num_ranks, self._lr())
+        return self.trainer.call("train", self.traj_channel, self.rollout.num_ranks, self._lr())
 
     @property
     def total_iterations(self) -> int:
@@ -345,7 +345,7 @@ class EmbodiedPPO:
         return float(np.mean(rates)) if rates else None
 
     def checkpoint(self, wall_s: float) -> Path:
-        state = self.actor.call("state").result()
+        state = self.trainer.call("state").result()
         return save_checkpoint(
             self.run.path / "checkpoints",
             self.iteration,
@@ -358,7 +358,7 @@ class EmbodiedPPO:
     def evaluate(self, video: bool) -> dict[str, Any]:
         """Evaluate the trainer's current weights in this process."""
         cfg = self.cfg
-        payload = self.actor.call("export_weights").result()
+        payload = self.trainer.call("export_weights").result()
         video_dir = self.run.path / "videos" if video and self.run is not None else None
         return evaluate_from_weights(cfg, self.obs_space, self.action_space, payload["state"], video_dir)
 
@@ -366,7 +366,7 @@ class EmbodiedPPO:
 def evaluate_from_weights(cfg: TrainConfig, obs_space: Any, action_space: Any, state: dict[str, Any], video_dir: Path | None) -> dict[str, Any]:
     import torch
 
-    device = resolve_device(cfg.policy.device)
+    device = resolve_device(cfg.workers.rollout_device)
     policy = build_policy(cfg.policy, obs_space, action_space).to(device)
     policy.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in state.items()})
     return evaluate_policy(

@@ -67,7 +67,7 @@ def _setup_key(cfg: TrainConfig, backend: str) -> dict[str, Any]:
         "policy": to_dict(cfg.policy),
         "minibatch": workflow_of(cfg).train_minibatch,
         "backend": backend,
-        "version": 5,  # 5: the policy infers between timed env steps
+        "version": 6,  # 6: the trainer component is named "trainer" (was "actor")
     }
 
 
@@ -170,11 +170,11 @@ def _probe_rollout(cfg: TrainConfig, policy, obs, cores: int, log) -> Probe:
 ACTOR_PROBE_MINIBATCHES = 4
 
 
-def _probe_actor(cfg: TrainConfig, policy, obs, action_space, cores: int, log) -> tuple[Probe, float, float]:
+def _probe_trainer(cfg: TrainConfig, policy, obs, action_space, cores: int, log) -> tuple[Probe, float, float]:
     """Time the trainer's own update (``ppo_update``: GAE, minibatch gathers, loss, backward,
     gradient clipping, optimizer step, stats) on a synthetic batch of ACTOR_PROBE_MINIBATCHES
     minibatches of the configured size (and half of it), per minibatch; one offload/onload."""
-    probe = Probe("actor")
+    probe = Probe("trainer")
     optimizer = torch.optim.Adam(policy.parameters(), lr=1e-4, eps=1e-5)
     mb = workflow_of(cfg).train_minibatch
     m = ACTOR_PROBE_MINIBATCHES
@@ -191,7 +191,7 @@ def _probe_actor(cfg: TrainConfig, policy, obs, action_space, cores: int, log) -
 
                 seconds = time_call(update, warmup=1, repeats=3) / m
                 probe.add(b, threads, seconds)
-                log(f"  actor   batch {b:>4} on {threads} core(s): {seconds * 1e3:8.2f} ms/minibatch")
+                log(f"  trainer batch {b:>4} on {threads} core(s): {seconds * 1e3:8.2f} ms/minibatch")
     finally:
         torch.set_num_threads(before)
     offloader = Offloader(policy, optimizer)
@@ -288,8 +288,8 @@ def profile_embodied(cfg: TrainConfig, cluster: Cluster, force: bool = False, lo
     t0 = time.perf_counter()
     env_probe, obs, obs_space, action_space, policy = _probe_env(cfg, cores, log)
     rollout_probe = _probe_rollout(cfg, policy, obs, cores, log)
-    actor_policy = build_policy(cfg.policy, obs_space, action_space)
-    actor_probe, offload_s, onload_s = _probe_actor(cfg, actor_policy, obs, action_space, cores, log)
+    trainer_policy = build_policy(cfg.policy, obs_space, action_space)
+    trainer_probe, offload_s, onload_s = _probe_trainer(cfg, trainer_policy, obs, action_space, cores, log)
     obs_mib = _obs_mib_per_env(obs)
     latency_s, s_per_mib = _probe_transfer(cluster, obs_mib * cfg.env.num_envs, log)
     weights_mib = sum(p.numel() * p.element_size() for p in policy.state_dict().values()) / MIB
@@ -301,8 +301,8 @@ def profile_embodied(cfg: TrainConfig, cluster: Cluster, force: bool = False, lo
                 "rollout", rollout_probe.fit(), memory_gib=weights_mib / 1024,
                 output_mib_per_item=action_mib, weights_mib=weights_mib,
             ),
-            "actor": ComponentProfile(
-                "actor", actor_probe.fit(), memory_gib=4 * weights_mib / 1024, offload_s=offload_s, onload_s=onload_s,
+            "trainer": ComponentProfile(
+                "trainer", trainer_probe.fit(), memory_gib=4 * weights_mib / 1024, offload_s=offload_s, onload_s=onload_s,
             ),
         },
         transfer_latency_s=latency_s,
@@ -311,7 +311,7 @@ def profile_embodied(cfg: TrainConfig, cluster: Cluster, force: bool = False, lo
         meta={
             "key": key,
             "hardware": hardware_fingerprint(),
-            "probes": {p.name: [list(s) for s in p.samples] for p in (env_probe, rollout_probe, actor_probe)},
+            "probes": {p.name: [list(s) for s in p.samples] for p in (env_probe, rollout_probe, trainer_probe)},
             "profiling_s": time.perf_counter() - t0,
         },
     )
@@ -358,7 +358,7 @@ class Layout:
     plan: Plan
     env_cores: tuple[int, ...]
     rollout_cores: tuple[int, ...]
-    actor_cores: tuple[int, ...]
+    trainer_cores: tuple[int, ...]
 
     @property
     def num_chunks(self) -> int:
@@ -372,14 +372,14 @@ class Layout:
                 raise NotImplementedError("GPU placements are laid out by the CUDA device of each worker")
             return tuple(sorted(devices))
 
-        return cls(plan_, cores("env"), cores("rollout"), cores("actor"))
+        return cls(plan_, cores("env"), cores("rollout"), cores("trainer"))
 
     @classmethod
     def unplanned(cls, cfg: TrainConfig) -> Layout:
         """No profile: every component on every core, the chunks the user asked for (default 1)."""
         n = len(resources_of(cfg))
         everything = tuple(range(n))
-        placement = {"env": everything, "rollout": everything, "actor": everything}
+        placement = {"env": everything, "rollout": everything, "trainer": everything}
         return cls(Plan("colocated", placement, cfg.plan.chunks or 1, None, (), float("nan")), everything, everything, everything)
 
 
@@ -394,7 +394,7 @@ def rescale(profile: Profile, factors: dict[str, float]) -> Profile:
 
 
 def measured_factors(profile: Profile, layout: Layout, cfg: TrainConfig, metrics: dict[str, Any]) -> dict[str, float]:
-    """Measured / profiled seconds per call of env, rollout and actor in one iteration."""
+    """Measured / profiled seconds per call of env, rollout and trainer in one iteration."""
     T, k = cfg.algo.rollout_steps, layout.num_chunks
     workflow = workflow_of(cfg)
     chunk = math.ceil(workflow.num_envs / k)
@@ -402,7 +402,7 @@ def measured_factors(profile: Profile, layout: Layout, cfg: TrainConfig, metrics
     roll_pred = profile["rollout"].cost.time_s(chunk, len(layout.rollout_cores)) * (T + 1) * k
     mb = layout.plan.train_microbatch or workflow.train_minibatch
     calls = cfg.algo.epochs * math.ceil(workflow.num_envs * T / mb)
-    actor_pred = profile["actor"].cost.time_s(mb, len(layout.actor_cores)) * calls
-    measured = {"env": metrics["time/sim_s"], "rollout": metrics["time/infer_s"], "actor": metrics["time/train_s"]}
-    predicted = {"env": env_pred, "rollout": roll_pred, "actor": actor_pred}
+    trainer_pred = profile["trainer"].cost.time_s(mb, len(layout.trainer_cores)) * calls
+    measured = {"env": metrics["time/sim_s"], "rollout": metrics["time/infer_s"], "trainer": metrics["time/train_s"]}
+    predicted = {"env": env_pred, "rollout": roll_pred, "trainer": trainer_pred}
     return {name: measured[name] / predicted[name] for name in measured if predicted[name] > 0 and measured[name] > 0}

@@ -1,4 +1,4 @@
-"""The workers of the embodied PPO macro flow: EnvWorker -> RolloutWorker -> ActorWorker.
+"""The workers of the embodied PPO macro flow: EnvWorker -> RolloutWorker -> TrainerWorker.
 
 Message protocol per iteration (k = env micro-chunks per env worker, T = rollout steps), on which
 the planner's simulation of a timeline is based:
@@ -9,10 +9,10 @@ the planner's simulation of a timeline is based:
 * RolloutWorker: for each of the T+1 outputs of each chunk it owns, records the reward/done of the
   previous transition (bootstrapping truncated episodes from the value of their final
   observation), and for the first T acts and sends actions back. It then sends the finished
-  trajectory batch (T, B) to the actor.
-* ActorWorker: computes GAE and runs the PPO epochs; its weights, with a version number, are
+  trajectory batch (T, B) to the trainer.
+* TrainerWorker: computes GAE and runs the PPO epochs; its weights, with a version number, are
   loaded into every rollout rank before the next iteration. A rollout tags its trajectories with
-  the version it used; the actor refuses stale ones.
+  the version it used; the trainer refuses stale ones.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class BlockRoute:
 
 
 @dataclass(frozen=True)
-class Placement:
+class Pinning:
     """Where a worker runs on this machine: the CPU cores it is pinned to (None: not pinned) and
     its torch threads. Env workers give their env processes one core each."""
 
@@ -95,21 +95,21 @@ def to_torch(obs: Obs, device: torch.device) -> dict[str, torch.Tensor]:
 class EnvWorker(Worker):
     """Steps ``env.num_envs`` envs split into ``num_chunks`` independently stepped chunks."""
 
-    def __init__(self, cfg: TrainConfig, num_chunks: int, placement: Placement | None = None) -> None:
+    def __init__(self, cfg: TrainConfig, num_chunks: int, pinning: Pinning | None = None) -> None:
         self.cfg = cfg
         self.envs: list[Any] = []
-        self.configure(num_chunks, placement or Placement(None, cfg.workers.torch_threads))
+        self.configure(num_chunks, pinning or Pinning(None, cfg.workers.rollout_threads))
 
-    def configure(self, num_chunks: int, placement: Placement) -> None:
+    def configure(self, num_chunks: int, pinning: Pinning) -> None:
         """(Re)build the chunks' envs for a plan: ``num_chunks`` chunks, each stepping its envs in
-        ``len(placement.cores)`` processes pinned to those cores. Episodes restart."""
+        ``len(pinning.cores)`` processes pinned to those cores. Episodes restart."""
         self.close()
-        placement.apply()
+        pinning.apply()
         cfg = self.cfg
         self.num_chunks = num_chunks
         self.sizes = chunk_sizes(cfg.env.num_envs, num_chunks)
         base_seed = cfg.seed + 1000 * self.rank
-        procs = len(placement.cores) if placement.cores is not None else cfg.env.num_procs
+        procs = len(pinning.cores) if pinning.cores is not None else cfg.env.num_procs
         self.envs = []
         first = 0
         for size in self.sizes:
@@ -207,21 +207,21 @@ class RolloutWorker(Worker):
     """Runs policy inference for the env chunks it owns and assembles their trajectories."""
 
     def __init__(
-        self, cfg: TrainConfig, observation_space: Any, action_space: Any, num_chunks: int, placement: Placement | None = None
+        self, cfg: TrainConfig, observation_space: Any, action_space: Any, num_chunks: int, pinning: Pinning | None = None
     ) -> None:
         seed_everything(cfg.seed + 7919 * (self.rank + 1))
         self.cfg = cfg
-        self.device = resolve_device(cfg.policy.device)
+        self.device = resolve_device(cfg.workers.rollout_device)
         self.policy = build_policy(cfg.policy, observation_space, action_space).to(self.device).eval()
         self.version = -1
         low = getattr(action_space, "low", None)
         self.action_low = None if low is None else np.asarray(action_space.low, np.float32)
         self.action_high = None if low is None else np.asarray(action_space.high, np.float32)
-        self.configure(num_chunks, placement or Placement(None, cfg.workers.torch_threads))
+        self.configure(num_chunks, pinning or Pinning(None, cfg.workers.rollout_threads))
 
-    def configure(self, num_chunks: int, placement: Placement) -> None:
+    def configure(self, num_chunks: int, pinning: Pinning) -> None:
         """Serve the keys of ``num_chunks`` chunks per env worker, pinned as ``placement`` says."""
-        placement.apply()
+        pinning.apply()
         total_keys = self.cfg.workers.env * num_chunks
         self.keys = [k for k in range(total_keys) if k % self.world_size == self.rank]
 
@@ -293,25 +293,25 @@ class RolloutWorker(Worker):
         return {"infer_s": infer_s, "version": self.version}
 
 
-class ActorWorker(Worker):
+class TrainerWorker(Worker):
     """Holds the trainable policy and its optimizer; runs PPO on the collected trajectories."""
 
     def __init__(
-        self, cfg: TrainConfig, observation_space: Any, action_space: Any, placement: Placement | None = None, offload: bool = False
+        self, cfg: TrainConfig, observation_space: Any, action_space: Any, pinning: Pinning | None = None, offload: bool = False
     ) -> None:
         seed_everything(cfg.seed)
         self.cfg = cfg
-        self.device = resolve_device(cfg.device)
+        self.device = resolve_device(cfg.workers.trainer_device)
         self.policy = build_policy(cfg.policy, observation_space, action_space).to(self.device)
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=cfg.algo.lr, eps=1e-5)
         self.version = 0
         self.offloader = Offloader(self.policy, self.optimizer)
-        self.configure(placement or Placement(None, cfg.workers.actor_threads), offload)
+        self.configure(pinning or Pinning(None, cfg.workers.trainer_threads), offload)
 
-    def configure(self, placement: Placement, offload: bool) -> None:
+    def configure(self, pinning: Pinning, offload: bool) -> None:
         """Pin the trainer; with ``offload`` its weights, gradients and optimizer state leave the
         device between training phases (context switching for colocated plans)."""
-        placement.apply()
+        pinning.apply()
         self.offload_between_phases = offload
         if offload and not self.offloader.is_offloaded:
             self.offloader.offload()

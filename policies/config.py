@@ -23,7 +23,5 @@ class PolicyConfig:
     action_chunk: int = 1
     """Actions predicted per observation (C, a VLA's action chunk): the env applies them one after
     another (``chunk_step``) and PPO treats the chunk as one decision. 1: one action per step."""
-    device: str = "cpu"
-    """Device of rollout inference: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra model-specific arguments."""

@@ -10,7 +10,7 @@ scaling exponent is >= 0) nor need more memory per device, so leaving one idle n
 * ``disaggregated``: the trainer components (the workflow's ``hybrid_shared``) on devices of their own;
   the others on pairwise disjoint device sets, or together on one set where they take turns (the
   generation side on its devices, training on others: what lets training overlap the next collection).
-* ``hybrid``: the workflow's ``hybrid_shared`` components (the actor) on all devices of their
+* ``hybrid``: the workflow's ``hybrid_shared`` components (the trainer) on all devices of their
   class; the others on pairwise disjoint sets that the shared ones overlap.
 """
 

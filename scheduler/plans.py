@@ -28,7 +28,7 @@ class Plan:
     num_chunks: int
     """Micro-chunks each batch is split into (env batch or prompt batch); see ``chunk_sizes``."""
     train_microbatch: int | None
-    """Samples per actor forward/backward call (over all actor devices); None = runtime default."""
+    """Samples per trainer forward/backward call (over all trainer devices); None = runtime default."""
     offload: tuple[str, ...]
     """Components that leave their devices' memory outside their own phase (sorted)."""
     predicted_iteration_s: float
@@ -75,7 +75,7 @@ class Plan:
         )
 
     def placement_str(self) -> str:
-        """E.g. ``"env:0-1 rollout:2 actor:0-3"``; offloaded components end in ``*``."""
+        """E.g. ``"env:0-1 rollout:2 trainer:0-3"``; offloaded components end in ``*``."""
         parts = []
         for name, devices in self.placement.items():
             star = "*" if name in self.offload else ""
@@ -96,7 +96,7 @@ class Span:
     chunk: int | None
     """Micro-chunk index; None for whole-batch tasks."""
     label: str
-    """Unique name of the task, e.g. ``"env t3 c1"``, ``"actor epoch 0"``, ``"offload rollout @2"``."""
+    """Unique name of the task, e.g. ``"env t3 c1"``, ``"trainer epoch 0"``, ``"offload rollout @2"``."""
     kind: str = "work"
     """``"work"``, ``"sync"`` (weight sync), ``"onload"`` or ``"offload"``."""
 

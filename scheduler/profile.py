@@ -20,12 +20,12 @@ WEIGHT_SYNC = "weight_sync"
 """Optional profile entry: ``cost.time_s(1, n)`` is the local cost of loading new weights into the
 rollout workers on n devices (e.g. resharding into an inference engine). The network part of the
 sync is ``transfer_latency_s + weights_mib * transfer_s_per_mib`` of the ``rollout`` entry and is
-added by the simulator only when actor and rollout sit on different devices."""
+added by the simulator only when trainer and rollout sit on different devices."""
 
 
 @dataclass(frozen=True)
 class ComponentProfile:
-    """Costs of one component (``env``, ``rollout``, ``reward``, ``actor``, ...)."""
+    """Costs of one component (``env``, ``rollout``, ``reward``, ``trainer``, ...)."""
 
     name: str
     cost: CostModel

@@ -1,7 +1,7 @@
 """Plan search: enumerate modes x placements x chunk counts x offload sets, simulate, rank.
 
 For each placement and chunk count the planner derives the memory-dependent choices instead of
-enumerating them blindly: for every set of offloaded components it takes the largest actor
+enumerating them blindly: for every set of offloaded components it takes the largest trainer
 micro-batch that fits (fewer calls are never slower), drops infeasible sets and sets dominated by a
 smaller set with an equal or larger micro-batch (extra context switches are never faster), and
 simulates what is left. Ranking: predicted iteration time, then fewer chunks, then the simpler

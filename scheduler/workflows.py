@@ -10,16 +10,16 @@ Kinds live in :data:`WORKFLOW_KINDS` (a registry of builder specs, no if/elif on
     in steady state, so not a task), ``rollout t`` infers actions (and values, log-probs) for the
     observation of step t, ``env t`` steps the chunk's envs with them, and ``rollout tT`` computes
     the bootstrap values of the final observation (costed like an inference call). After every
-    chunk's ``rollout tT``, the actor trains ``train_epochs`` epochs on all
+    chunk's ``rollout tT``, the trainer trains ``train_epochs`` epochs on all
     ``num_envs * rollout_steps`` samples (PPO needs the whole batch before its first epoch), in
     calls of ``train_microbatch`` samples. Then weights sync to the rollout workers.
-    With ``train_overlap`` (steady state of one-step-stale training, ``algo.staleness=1``) the actor
+    With ``train_overlap`` (steady state of one-step-stale training, ``algo.staleness=1``) the trainer
     trains on the *previous* iteration's samples, so its epochs wait for no message of this
     iteration: they start as soon as their devices are free, and the weight sync follows both.
 
 ``reasoning``
     Per chunk c (a set of whole prompts, i.e. whole GRPO groups): ``rollout c`` generates
-    ``prompts * group_size`` samples, ``reward c`` scores them, ``actor epoch 0 c`` trains on them
+    ``prompts * group_size`` samples, ``reward c`` scores them, ``trainer epoch 0 c`` trains on them
     as they arrive (streaming); later epochs run over the whole batch. Then weights sync.
 
 Component names are fixed per kind and must be keys of the :class:`~scheduler.Profile`.
@@ -52,12 +52,12 @@ class Workflow:
     group_size: int = 0
     """reasoning: samples generated per prompt (one GRPO group)."""
     train_epochs: int = 1
-    """Passes of the actor over the iteration's samples."""
+    """Passes of the trainer over the iteration's samples."""
     train_minibatch: int | None = None
     """embodied: samples per optimizer step (PPO minibatch); None = all. Micro-batches never cross it."""
     train_overlap: bool = False
-    """embodied: the actor trains on the previous iteration's samples while this iteration's are
-    collected (one weight version of staleness). Only devices the actor does not share can overlap."""
+    """embodied: the trainer trains on the previous iteration's samples while this iteration's are
+    collected (one weight version of staleness). Only devices the trainer does not share can overlap."""
 
     def __post_init__(self) -> None:
         spec = workflow_kind(self.kind)
@@ -143,10 +143,10 @@ def _powers_of_two_below(cap: int, unit: int = 1) -> tuple[int, ...]:
 
 
 def _weight_sync(plan: Plan, profile: Profile, after: str, phase: int, target: str = "rollout") -> list[Task]:
-    """The weight sync actor -> ``target`` as a task on the target's devices (omitted if it is free)."""
+    """The weight sync trainer -> ``target`` as a task on the target's devices (omitted if it is free)."""
     devices = plan.placement[target]
     local_s = profile[WEIGHT_SYNC].cost.time_s(1, len(devices)) if WEIGHT_SYNC in profile.components else 0.0
-    crosses = plan.placement["actor"] != devices or profile.cross_process_messages
+    crosses = plan.placement["trainer"] != devices or profile.cross_process_messages
     if local_s == 0.0 and not (crosses and profile.message_s(profile[target].weights_mib) > 0):
         return []
     dep = Dep(after, profile[target].weights_mib)
@@ -167,7 +167,7 @@ def _embodied_memory_items(w: Workflow, num_chunks: int, microbatch: int | None)
     return {
         "env": w.num_envs,  # every env's state stays resident, not only the running chunk
         "rollout": max(chunk_sizes(w.num_envs, num_chunks)),
-        "actor": min(microbatch or largest_call, largest_call),
+        "trainer": min(microbatch or largest_call, largest_call),
     }
 
 
@@ -176,8 +176,8 @@ def _embodied_microbatches(w: Workflow) -> tuple[int, ...]:
 
 
 def _embodied_build(w: Workflow, plan: Plan, profile: Profile) -> list[Task]:
-    env, rollout, actor = profile["env"], profile["rollout"], profile["actor"]
-    env_devices, rollout_devices, actor_devices = (plan.placement[c] for c in ("env", "rollout", "actor"))
+    env, rollout, trainer = profile["env"], profile["rollout"], profile["trainer"]
+    env_devices, rollout_devices, trainer_devices = (plan.placement[c] for c in ("env", "rollout", "trainer"))
     sizes = chunk_sizes(w.num_envs, plan.num_chunks)
     env_s = [env.cost.time_s(s, len(env_devices)) for s in sizes]
     rollout_s = [rollout.cost.time_s(s, len(rollout_devices)) for s in sizes]
@@ -196,11 +196,11 @@ def _embodied_build(w: Workflow, plan: Plan, profile: Profile) -> list[Task]:
     samples = w.num_envs * w.rollout_steps
     minibatches = call_sizes(samples, w.train_minibatch)
     calls = [b for mb in minibatches for b in call_sizes(mb, plan.train_microbatch)]
-    epoch_s = sum(actor.cost.time_s(b, len(actor_devices)) for b in calls)
+    epoch_s = sum(trainer.cost.time_s(b, len(trainer_devices)) for b in calls)
     deps: tuple[Dep, ...] = () if w.train_overlap else trajectories  # overlap: last iteration's samples
     for e in range(w.train_epochs):
-        name = f"actor epoch {e}"
-        tasks.append(Task(name, "actor", actor_devices, epoch_s, deps, (1, WORK, e, 0, 0)))
+        name = f"trainer epoch {e}"
+        tasks.append(Task(name, "trainer", trainer_devices, epoch_s, deps, (1, WORK, e, 0, 0)))
         deps = (Dep(name),)
     return tasks + _weight_sync(plan, profile, after=deps[0].task, phase=2)
 
@@ -214,10 +214,10 @@ def _reasoning_validate(w: Workflow) -> None:
 
 def _reasoning_memory_items(w: Workflow, num_chunks: int, microbatch: int | None) -> dict[str, int]:
     chunk_samples = max(chunk_sizes(w.num_prompts, num_chunks)) * w.group_size
-    actor = microbatch or w.num_prompts * w.group_size
+    trainer = microbatch or w.num_prompts * w.group_size
     if w.train_epochs == 1:  # only the streamed epoch, whose calls never exceed a chunk
-        actor = min(actor, chunk_samples)
-    return {"rollout": chunk_samples, "reward": chunk_samples, "actor": actor}
+        trainer = min(trainer, chunk_samples)
+    return {"rollout": chunk_samples, "reward": chunk_samples, "trainer": trainer}
 
 
 def _reasoning_microbatches(w: Workflow) -> tuple[int, ...]:
@@ -225,12 +225,12 @@ def _reasoning_microbatches(w: Workflow) -> tuple[int, ...]:
 
 
 def _reasoning_build(w: Workflow, plan: Plan, profile: Profile) -> list[Task]:
-    rollout, reward, actor = profile["rollout"], profile["reward"], profile["actor"]
-    rollout_devices, reward_devices, actor_devices = (plan.placement[c] for c in ("rollout", "reward", "actor"))
+    rollout, reward, trainer = profile["rollout"], profile["reward"], profile["trainer"]
+    rollout_devices, reward_devices, trainer_devices = (plan.placement[c] for c in ("rollout", "reward", "trainer"))
     group = w.group_size
 
     def train_s(samples: int) -> float:
-        return sum(actor.cost.time_s(b, len(actor_devices)) for b in call_sizes(samples, plan.train_microbatch, group))
+        return sum(trainer.cost.time_s(b, len(trainer_devices)) for b in call_sizes(samples, plan.train_microbatch, group))
 
     tasks: list[Task] = []
     for c, prompts in enumerate(chunk_sizes(w.num_prompts, plan.num_chunks)):
@@ -241,23 +241,23 @@ def _reasoning_build(w: Workflow, plan: Plan, profile: Profile) -> list[Task]:
         tasks.append(Task(f"reward c{c}", "reward", reward_devices, reward.cost.time_s(samples, len(reward_devices)),
                           responses, (0, WORK, c, 1, 0), chunk=c))
         scored = (Dep(f"reward c{c}", samples * (rollout.output_mib_per_item + reward.output_mib_per_item)),)
-        tasks.append(Task(f"actor epoch 0 c{c}", "actor", actor_devices, train_s(samples), scored, (1, WORK, 0, c, 0), chunk=c))
-    last = f"actor epoch 0 c{plan.num_chunks - 1}"
+        tasks.append(Task(f"trainer epoch 0 c{c}", "trainer", trainer_devices, train_s(samples), scored, (1, WORK, 0, c, 0), chunk=c))
+    last = f"trainer epoch 0 c{plan.num_chunks - 1}"
     epoch_s = train_s(w.num_prompts * group)
     for e in range(1, w.train_epochs):
         # The previous epoch's last call ends after all its calls (same devices, in order).
         deps = (Dep(last),)
-        last = f"actor epoch {e}"
-        tasks.append(Task(last, "actor", actor_devices, epoch_s, deps, (1, WORK, e, 0, 0)))
+        last = f"trainer epoch {e}"
+        tasks.append(Task(last, "trainer", trainer_devices, epoch_s, deps, (1, WORK, e, 0, 0)))
     return tasks + _weight_sync(plan, profile, after=last, phase=2)
 
 
 WORKFLOW_KINDS: dict[str, WorkflowKind] = {
     "embodied": WorkflowKind(
-        components=("env", "rollout", "actor"),
-        phases={"env": 0, "rollout": 0, "actor": 1},
+        components=("env", "rollout", "trainer"),
+        phases={"env": 0, "rollout": 0, "trainer": 1},
         phase_names=("rollout", "train"),
-        hybrid_shared=("actor",),
+        hybrid_shared=("trainer",),
         validate=_embodied_validate,
         chunk_total=lambda w: w.num_envs,
         memory_items=_embodied_memory_items,
@@ -265,10 +265,10 @@ WORKFLOW_KINDS: dict[str, WorkflowKind] = {
         build=_embodied_build,
     ),
     "reasoning": WorkflowKind(
-        components=("rollout", "reward", "actor"),
-        phases={"rollout": 0, "reward": 0, "actor": 1},
+        components=("rollout", "reward", "trainer"),
+        phases={"rollout": 0, "reward": 0, "trainer": 1},
         phase_names=("generate", "train"),
-        hybrid_shared=("actor",),
+        hybrid_shared=("trainer",),
         validate=_reasoning_validate,
         chunk_total=lambda w: w.num_prompts,
         memory_items=_reasoning_memory_items,

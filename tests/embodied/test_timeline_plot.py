@@ -13,7 +13,7 @@ def _timelines():
         "env": ComponentProfile("env", CostModel(0.02, 0.004), device_kind="cpu"),
         "rollout": ComponentProfile("rollout", CostModel(0.03, 0.002), device_kind="gpu", memory_gib=20.0,
                                     offload_s=0.3, onload_s=0.3),
-        "actor": ComponentProfile("actor", CostModel(0.2, 0.0005), device_kind="gpu", memory_gib=60.0,
+        "trainer": ComponentProfile("trainer", CostModel(0.2, 0.0005), device_kind="gpu", memory_gib=60.0,
                                   offload_s=0.4, onload_s=0.4),
     })
     workflow = Workflow.embodied(num_envs=64, rollout_steps=4)

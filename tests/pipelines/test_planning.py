@@ -18,13 +18,13 @@ def _cfg(*overrides: str) -> TrainConfig:
 
 
 def _plan(mode: str, chunks: int, t: float, placement=None) -> Plan:
-    placement = placement or {"env": (0,), "rollout": (1,), "actor": (0, 1)}
+    placement = placement or {"env": (0,), "rollout": (1,), "trainer": (0, 1)}
     return Plan(mode, placement, chunks, None, (), t)
 
 
 def test_layout_maps_devices_to_cores():
     lay = Layout.of(_plan("hybrid", 3, 1.0), Resources.cpu_cores(2, 8.0))
-    assert (lay.env_cores, lay.rollout_cores, lay.actor_cores, lay.num_chunks) == ((0,), (1,), (0, 1), 3)
+    assert (lay.env_cores, lay.rollout_cores, lay.trainer_cores, lay.num_chunks) == ((0,), (1,), (0, 1), 3)
 
 
 def test_prefer_simple_takes_fewest_chunks_within_the_margin():
@@ -39,18 +39,18 @@ def test_rescale_and_measured_factors_by_hand():
     prof = Profile({
         "env": ComponentProfile("env", CostModel(0.0, 0.01, 0.0)),       # 0.01 s per env, one process
         "rollout": ComponentProfile("rollout", CostModel(0.002, 0.0, 0.0)),  # 2 ms per call
-        "actor": ComponentProfile("actor", CostModel(0.0, 0.001, 1.0)),   # 1 ms per sample on one core
+        "trainer": ComponentProfile("trainer", CostModel(0.0, 0.001, 1.0)),   # 1 ms per sample on one core
     })
     cfg = _cfg("algo.epochs=2", "algo.num_minibatches=4")
-    lay = Layout(_plan("hybrid", 2, 1.0, {"env": (0,), "rollout": (1,), "actor": (0, 1)}), (0,), (1,), (0, 1))
+    lay = Layout(_plan("hybrid", 2, 1.0, {"env": (0,), "rollout": (1,), "trainer": (0, 1)}), (0,), (1,), (0, 1))
     # T=16, k=2: env calls 32 of 4 envs -> 32 * 0.04 = 1.28 s predicted; rollout (T+1)*k = 34 calls -> 0.068 s;
-    # actor: 8 envs * 16 = 128 samples, minibatch 32, 2 epochs -> 8 calls of 32 * 0.001 / 2 = 0.016 s -> 0.128 s.
+    # trainer: 8 envs * 16 = 128 samples, minibatch 32, 2 epochs -> 8 calls of 32 * 0.001 / 2 = 0.016 s -> 0.128 s.
     measured = {"time/sim_s": 2.56, "time/infer_s": 0.068, "time/train_s": 0.064}
     factors = measured_factors(prof, lay, cfg, measured)
-    assert factors == pytest.approx({"env": 2.0, "rollout": 1.0, "actor": 0.5})
+    assert factors == pytest.approx({"env": 2.0, "rollout": 1.0, "trainer": 0.5})
     scaled = rescale(prof, factors)
     assert scaled["env"].cost.per_item_s == pytest.approx(0.02)
-    assert scaled["actor"].cost.per_item_s == pytest.approx(0.0005)
+    assert scaled["trainer"].cost.per_item_s == pytest.approx(0.0005)
     assert scaled["rollout"].cost == prof["rollout"].cost
 
 
@@ -65,19 +65,19 @@ def test_profile_is_measured_then_cached(tmp_path, monkeypatch):
         again = profile_embodied(cfg, cluster, log=logs.append)
     assert any("from cache" in line for line in logs)
     assert again.to_dict() == prof.to_dict()
-    assert set(prof.components) == {"env", "rollout", "actor"}
-    for name in ("env", "rollout", "actor"):
+    assert set(prof.components) == {"env", "rollout", "trainer"}
+    for name in ("env", "rollout", "trainer"):
         cost = prof[name].cost
         assert cost.time_s(8, 1) > 0 and math.isfinite(cost.time_s(8, 1))
     # probes of the env at several chunk sizes; CartPole steps in one process, so more cores do not help
     assert {b for b, _, _ in prof.meta["probes"]["env"]} >= {2, 4, 8}
     assert prof["env"].cost.scaling_exponent == pytest.approx(0.0, abs=0.05)
-    assert prof["rollout"].weights_mib > 0 and prof["actor"].onload_s >= 0
+    assert prof["rollout"].weights_mib > 0 and prof["trainer"].onload_s >= 0
     assert workflow_of(cfg).num_envs == 8
 
 
 def test_trainer_probe_times_the_trainers_own_update(tmp_path, monkeypatch):
-    """The actor's cost comes from ``ppo_update`` itself (the code the trainer runs: minibatch
+    """The trainer's cost comes from ``ppo_update`` itself (the code the trainer runs: minibatch
     gathers, clipping, stats), on (minibatches, minibatch size) batches of the configured size
     and half of it, one epoch, divided per minibatch."""
     import pipelines.planning as planning
@@ -97,7 +97,7 @@ def test_trainer_probe_times_the_trainers_own_update(tmp_path, monkeypatch):
     m = planning.ACTOR_PROBE_MINIBATCHES
     assert {shape for shape, _, _ in calls} == {(m, 32), (m, 16)}
     assert {(epochs, mbs) for _, epochs, mbs in calls} == {(1, m)}
-    assert {b for b, _, _ in prof.meta["probes"]["actor"]} == {32, 16}
+    assert {b for b, _, _ in prof.meta["probes"]["trainer"]} == {32, 16}
 
 
 def test_env_probe_lets_the_policy_infer_between_timed_steps(tmp_path, monkeypatch):

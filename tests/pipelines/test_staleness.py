@@ -53,8 +53,8 @@ def test_trainer_refuses_trajectories_older_than_the_staleness_allows():
         algo.plan(cluster, log=lambda *_: None)
         algo._build(cluster)
         algo.iterate()
-        state = algo.actor.call("state").result()
-        algo.actor.call("load_state", state["model"], state["optimizer"], state["version"] + 2).wait()
+        state = algo.trainer.call("state").result()
+        algo.trainer.call("load_state", state["model"], state["optimizer"], state["version"] + 2).wait()
         with pytest.raises(WorkerError, match=r"stale trajectories: rollout used weights version\(s\) \[0\].*version 2"):
             algo._train_call().result()
 

@@ -205,7 +205,7 @@ def test_forced_plan_with_chunks_and_trainer_offload(tmp_path):
     run = tmp_path / "forced"
     result = embodied(
         "train", "cartpole_ppo", f"run.dir={run}", "algo.total_env_steps=2048", "logging.wandb=false",
-        "plan.mode=hybrid", "plan.chunks=2", "plan.offload=[actor]", "eval.episodes=2", "plan.replan_threshold=0",
+        "plan.mode=hybrid", "plan.chunks=2", "plan.offload=[trainer]", "eval.episodes=2", "plan.replan_threshold=0",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[m2flow] chosen: hybrid, 2 chunk(s)" in result.stdout
@@ -232,7 +232,7 @@ def test_plan_command_prints_candidates_bound_and_draws_the_timeline(tmp_path):
     saved = json.loads(data.read_text())
     bound, chosen, sequential = saved["bound"], saved["plan"], saved["sequential"]
     assert 0 < bound["iteration_s"] <= chosen["predicted_iteration_s"] <= sequential["predicted_iteration_s"]
-    assert set(bound["work_device_s"]) == {"env", "rollout", "actor"} and saved["candidates"]
+    assert set(bound["work_device_s"]) == {"env", "rollout", "trainer"} and saved["candidates"]
 
 
 @pytest.mark.slow

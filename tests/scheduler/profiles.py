@@ -37,11 +37,11 @@ def random_instance(seed: int, kind: str = "embodied") -> tuple[Workflow, Profil
     if kind == "embodied":
         workflow = Workflow.embodied(num_envs=rng.randint(1, 6), rollout_steps=rng.randint(1, 3),
                                      train_epochs=rng.randint(1, 2), train_overlap=rng.random() < 0.5)
-        names = ("env", "rollout", "actor")
+        names = ("env", "rollout", "trainer")
     else:
         workflow = Workflow.reasoning(num_prompts=rng.randint(1, 5), group_size=rng.randint(1, 3),
                                       train_epochs=rng.randint(1, 2))
-        names = ("rollout", "reward", "actor")
+        names = ("rollout", "reward", "trainer")
     components = [random_component(rng, n) for n in names]
     if rng.random() < 0.5:
         components.append(component("weight_sync", fixed_s=rng.uniform(0.0, 0.3)))
@@ -49,10 +49,10 @@ def random_instance(seed: int, kind: str = "embodied") -> tuple[Workflow, Profil
     resources = Resources.gpus(rng.randint(1, 2), rng.choice([8.0, 12.0, 20.0]))
     if rng.random() < 0.5:
         resources = resources + Resources.cpu_cores(rng.randint(1, 2), rng.choice([8.0, 16.0]))
-        if rng.random() < 0.5:  # the first stage (env / rollout) only runs on CPU, the actor only on GPU
+        if rng.random() < 0.5:  # the first stage (env / rollout) only runs on CPU, the trainer only on GPU
             prof = replace(prof, components={
                 **prof.components,
                 names[0]: replace(prof[names[0]], device_kind="cpu"),
-                "actor": replace(prof["actor"], device_kind="gpu"),
+                "trainer": replace(prof["trainer"], device_kind="gpu"),
             })
     return workflow, prof, resources

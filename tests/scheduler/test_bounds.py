@@ -30,14 +30,14 @@ def test_no_plan_beats_the_bound(seed, kind):
 
 def test_reasoning_bound_by_hand():
     # As in test_search's hand-made reasoning case: 8 samples on 3 cores, nothing scales over cores.
-    # rollout 0.5 + 8 * 0.25 = 2.5 s, reward 8 * 0.125 = 1.0 s, actor 0.5 + 8 * 0.125 = 1.5 s at any
+    # rollout 0.5 + 8 * 0.25 = 2.5 s, reward 8 * 0.125 = 1.0 s, trainer 0.5 + 8 * 0.125 = 1.5 s at any
     # core count: 5.0 core-seconds at one core each, 5.0 / 3 cores = 1.67 s; but the rollout alone
     # takes 2.5 s, which bounds every plan (the best one takes 4.8 s).
     prof = profile(component("rollout", 0.5, 0.25, 0.0), component("reward", 0.0, 0.125, 0.0),
-                   component("actor", 0.5, 0.125, 0.0), latency_s=0.1)
+                   component("trainer", 0.5, 0.125, 0.0), latency_s=0.1)
     bound = lower_bound(Workflow.reasoning(num_prompts=4, group_size=2), prof, Resources.cpu_cores(3, 8.0))
-    assert bound.work_device_s == pytest.approx({"rollout": 2.5, "reward": 1.0, "actor": 1.5})
-    assert bound.fastest_s == pytest.approx({"rollout": 2.5, "reward": 1.0, "actor": 1.5})
+    assert bound.work_device_s == pytest.approx({"rollout": 2.5, "reward": 1.0, "trainer": 1.5})
+    assert bound.fastest_s == pytest.approx({"rollout": 2.5, "reward": 1.0, "trainer": 1.5})
     assert bound.devices == 3 and bound.iteration_s == pytest.approx(2.5) and bound.limited_by == "rollout"
 
 
@@ -45,15 +45,15 @@ def test_embodied_bound_by_hand_and_the_speedup_ceiling_it_gives():
     # 2 envs x 2 steps on 2 cores. env: one process (exponent 0), 0.1 s per env: 2 steps x 0.2 s =
     # 0.4 s at any core count, so 0.4 core-s on one core. rollout: 0.1 s per env, perfect scaling:
     # 3 calls (steps 0, 1 and the bootstrap) x 0.2 s = 0.6 s on one core, 0.3 s on two: 0.6 core-s
-    # either way. actor: 0.1 s per sample over 4 samples, perfect scaling: 0.4 core-s.
+    # either way. trainer: 0.1 s per sample over 4 samples, perfect scaling: 0.4 core-s.
     # Work: 1.4 core-s / 2 cores = 0.7 s; slowest component alone: env 0.4 s. Bound 0.7 s.
-    # Sequential (colocated, one chunk): env 0.4 + rollout 0.3 + actor 0.2 = 0.9 s: no plan can be
+    # Sequential (colocated, one chunk): env 0.4 + rollout 0.3 + trainer 0.2 = 0.9 s: no plan can be
     # more than 0.9 / 0.7 = 1.29x faster, whatever the chunking.
-    prof = profile(component("env", 0.0, 0.1, 0.0), component("rollout", 0.0, 0.1, 1.0), component("actor", 0.0, 0.1, 1.0))
+    prof = profile(component("env", 0.0, 0.1, 0.0), component("rollout", 0.0, 0.1, 1.0), component("trainer", 0.0, 0.1, 1.0))
     workflow, resources = Workflow.embodied(num_envs=2, rollout_steps=2), Resources.cpu_cores(2, 8.0)
     bound = lower_bound(workflow, prof, resources)
-    assert bound.work_device_s == pytest.approx({"env": 0.4, "rollout": 0.6, "actor": 0.4})
-    assert bound.fastest_s == pytest.approx({"env": 0.4, "rollout": 0.3, "actor": 0.2})
+    assert bound.work_device_s == pytest.approx({"env": 0.4, "rollout": 0.6, "trainer": 0.4})
+    assert bound.fastest_s == pytest.approx({"env": 0.4, "rollout": 0.3, "trainer": 0.2})
     assert bound.iteration_s == pytest.approx(0.7) and bound.limited_by == "work"
     assert sequential_plan(workflow, resources, prof).predicted_iteration_s == pytest.approx(0.9)
     assert plan(workflow, prof, resources).best.predicted_iteration_s >= 0.7
@@ -62,7 +62,7 @@ def test_embodied_bound_by_hand_and_the_speedup_ceiling_it_gives():
 def test_fixed_costs_make_one_chunk_the_cheapest_work():
     # A per-call overhead is paid once per call: the bound uses whole batches, and chunked plans
     # pay it per chunk, so the bound stays below every chunked plan.
-    prof = profile(component("env", 0.05, 0.01, 0.0), component("rollout", 0.2, 0.01, 1.0), component("actor", 0.3, 0.01, 1.0))
+    prof = profile(component("env", 0.05, 0.01, 0.0), component("rollout", 0.2, 0.01, 1.0), component("trainer", 0.3, 0.01, 1.0))
     workflow, resources = Workflow.embodied(num_envs=8, rollout_steps=4), Resources.cpu_cores(2, 8.0)
     bound = lower_bound(workflow, prof, resources)
     assert bound.work_device_s["env"] == pytest.approx(4 * (0.05 + 0.08))

@@ -123,17 +123,17 @@ def _tight_one_device_profile():
     return profile(
         component("env", per_item_s=0.25, memory_gib=4.0, offload_s=0.1, onload_s=0.2),
         component("rollout", per_item_s=0.25, memory_gib=4.0, offload_s=0.3, onload_s=0.4),
-        component("actor", fixed_s=2.0, memory_gib=8.0, offload_s=0.5, onload_s=0.6),
+        component("trainer", fixed_s=2.0, memory_gib=8.0, offload_s=0.5, onload_s=0.6),
     )
 
 
 def test_offloads_exactly_what_memory_requires():
     workflow = Workflow.embodied(num_envs=4, rollout_steps=2)
-    # 10 GiB: rollout phase holds env 4 + rollout 4 (+ actor 8 unless offloaded); train phase holds
-    # actor 8 (+ env, rollout unless offloaded): everything must offload. Time as in the simulator's
+    # 10 GiB: rollout phase holds env 4 + rollout 4 (+ trainer 8 unless offloaded); train phase holds
+    # trainer 8 (+ env, rollout unless offloaded): everything must offload. Time as in the simulator's
     # hand case: 5 s rollout phase (3 rollout + 2 env calls) + 2 s train + 2.1 s of switches = 9.1 s.
     tight = plan(workflow, _tight_one_device_profile(), Resources.cpu_cores(1, 10.0))
-    assert tight.best.offload == ("actor", "env", "rollout")
+    assert tight.best.offload == ("env", "rollout", "trainer")
     assert tight.best.predicted_iteration_s == pytest.approx(9.1)
     # 16 GiB holds all three: no offloading, 7 s.
     roomy = plan(workflow, _tight_one_device_profile(), Resources.cpu_cores(1, 16.0))
@@ -143,32 +143,32 @@ def test_offloads_exactly_what_memory_requires():
 
 
 def test_train_microbatch_is_the_largest_that_fits():
-    # actor: 1 GiB + 0.5 GiB/sample on a 5 GiB device -> at most 8 samples per call.
+    # trainer: 1 GiB + 0.5 GiB/sample on a 5 GiB device -> at most 8 samples per call.
     # Candidates for 4 envs x 8 steps = 32 samples: 32, 16, 8, 4, 2, 1 -> 8.
     prof = profile(component("env", per_item_s=0.1), component("rollout", per_item_s=0.1),
-                   component("actor", fixed_s=1.0, memory_gib=1.0, memory_per_item_gib=0.5))
+                   component("trainer", fixed_s=1.0, memory_gib=1.0, memory_per_item_gib=0.5))
     result = plan(Workflow.embodied(num_envs=4, rollout_steps=8), prof, Resources.cpu_cores(1, 5.0))
     assert result.best.train_microbatch == 8
-    # 9 rollout calls (8 steps + bootstrap) and 8 env calls of 0.4 s = 6.8 s; actor 32 / 8 = 4 calls of 1 s
+    # 9 rollout calls (8 steps + bootstrap) and 8 env calls of 0.4 s = 6.8 s; trainer 32 / 8 = 4 calls of 1 s
     assert result.best.predicted_iteration_s == pytest.approx(6.8 + 4.0)
 
 
 def test_reasoning_plan_with_hand_made_profile():
     # 4 prompts x 2 samples on 3 CPU cores, no scaling over devices, 0.1 s per message.
-    # disaggregated (rollout:0 reward:1 actor:2), by hand:
-    #   k=1: rollout [0,2.5] reward [2.6,3.6] actor [3.7,5.2] weight-sync message -> 5.3
+    # disaggregated (rollout:0 reward:1 trainer:2), by hand:
+    #   k=1: rollout [0,2.5] reward [2.6,3.6] trainer [3.7,5.2] weight-sync message -> 5.3
     #   k=2: see test_reasoning_streams_micro_batches_by_hand -> 4.8
     #   k=3: chunks of 4,2,2 samples; rollout ends 1.5, 2.5, 3.5; reward ends 2.1, 2.85, 3.85;
-    #        actor [2.2,3.2] [3.2,3.95] [3.95,4.7] -> 4.8 (a tie: fewer chunks win)
+    #        trainer [2.2,3.2] [3.2,3.95] [3.95,4.7] -> 4.8 (a tie: fewer chunks win)
     #   colocated k=1: 2.5 + 1.0 + 1.5 = 5.0 on all three cores, no messages.
     #   disaggregated k=1 with rollout and reward sharing cores 0-1 (no message between them):
-    #        rollout [0,2.5] reward [2.5,3.5] actor [3.6,5.1] weight sync message -> 5.2
+    #        rollout [0,2.5] reward [2.5,3.5] trainer [3.6,5.1] weight sync message -> 5.2
     prof = profile(component("rollout", 0.5, 0.25, 0.0), component("reward", 0.0, 0.125, 0.0),
-                   component("actor", 0.5, 0.125, 0.0), latency_s=0.1)
+                   component("trainer", 0.5, 0.125, 0.0), latency_s=0.1)
     workflow, resources = Workflow.reasoning(num_prompts=4, group_size=2), Resources.cpu_cores(3, 8.0)
     result = plan(workflow, prof, resources)
     assert (result.best.mode, result.best.num_chunks) == ("disaggregated", 2)
-    assert result.best.placement == {"rollout": (0,), "reward": (1,), "actor": (2,)}
+    assert result.best.placement == {"rollout": (0,), "reward": (1,), "trainer": (2,)}
     assert result.best.predicted_iteration_s == pytest.approx(4.8)
     forced = {k: plan(workflow, prof, resources, force_mode="disaggregated", force_chunks=k).best.predicted_iteration_s
               for k in (1, 3)}
@@ -178,9 +178,9 @@ def test_reasoning_plan_with_hand_made_profile():
 
 
 def test_plan_prefers_pipelining_when_overlap_pays():
-    # env on CPU cores only, rollout and actor on a GPU: chunking overlaps simulation and inference.
+    # env on CPU cores only, rollout and trainer on a GPU: chunking overlaps simulation and inference.
     prof = profile(component("env", 0.01, 0.01, device_kind="cpu"), component("rollout", 0.01, 0.01, device_kind="gpu"),
-                   component("actor", 1.0, 0.0, device_kind="gpu"))
+                   component("trainer", 1.0, 0.0, device_kind="gpu"))
     resources = Resources.gpus(1, 80.0) + Resources.cpu_cores(2, 4.0)
     result = plan(Workflow.embodied(num_envs=64, rollout_steps=10), prof, resources)
     baseline = sequential_plan(Workflow.embodied(num_envs=64, rollout_steps=10), resources, prof)
@@ -195,34 +195,34 @@ def test_plan_prefers_pipelining_when_overlap_pays():
 def test_sequential_plan_without_profile_is_conservative():
     baseline = sequential_plan(Workflow.embodied(num_envs=8, rollout_steps=4), Resources.gpus(2, 80.0))
     assert baseline.mode == "colocated" and baseline.num_chunks == 1
-    assert baseline.placement == {"env": (0, 1), "rollout": (0, 1), "actor": (0, 1)}
-    assert baseline.offload == ("actor", "env", "rollout")
+    assert baseline.placement == {"env": (0, 1), "rollout": (0, 1), "trainer": (0, 1)}
+    assert baseline.offload == ("env", "rollout", "trainer")
     assert math.isnan(baseline.predicted_iteration_s)
 
 
 def test_planning_error_names_the_component_and_device():
-    prof = profile(component("env", 0.1), component("rollout", 0.1), component("actor", 1.0, memory_gib=100.0))
-    with pytest.raises(PlanningError, match=r"'actor'.*gpu0.*80 GiB"):
+    prof = profile(component("env", 0.1), component("rollout", 0.1), component("trainer", 1.0, memory_gib=100.0))
+    with pytest.raises(PlanningError, match=r"'trainer'.*gpu0.*80 GiB"):
         plan(Workflow.embodied(num_envs=4, rollout_steps=2), prof, Resources.gpus(2, 80.0))
 
 
 def test_planning_error_when_one_phase_does_not_fit():
     # env and rollout run in the same phase and cannot offload each other away.
     prof = profile(component("env", 0.1, memory_gib=6.0), component("rollout", 0.1, memory_gib=6.0),
-                   component("actor", 1.0, memory_gib=1.0))
+                   component("trainer", 1.0, memory_gib=1.0))
     with pytest.raises(PlanningError, match=r"device 0 \(cpu0.*phase 'rollout'.*env 6 \+ rollout 6"):
         plan(Workflow.embodied(num_envs=4, rollout_steps=2), prof, Resources.cpu_cores(1, 10.0))
 
 
 def test_planning_error_for_missing_device_kind_and_component():
     workflow = Workflow.embodied(num_envs=4, rollout_steps=2)
-    gpu_only = profile(component("env"), component("rollout", device_kind="gpu"), component("actor"))
+    gpu_only = profile(component("env"), component("rollout", device_kind="gpu"), component("trainer"))
     with pytest.raises(PlanningError, match="'rollout' needs gpu devices"):
         plan(workflow, gpu_only, Resources.cpu_cores(2, 8.0))
-    with pytest.raises(PlanningError, match=r"lacks component\(s\) \['actor'\]"):
+    with pytest.raises(PlanningError, match=r"lacks component\(s\) \['trainer'\]"):
         plan(workflow, profile(component("env"), component("rollout")), Resources.cpu_cores(2, 8.0))
     with pytest.raises(PlanningError, match="no disaggregated placement"):  # one core: nothing to split
-        plan(workflow, profile(component("env"), component("rollout"), component("actor")),
+        plan(workflow, profile(component("env"), component("rollout"), component("trainer")),
              Resources.cpu_cores(1, 8.0), force_mode="disaggregated")
 
 
@@ -241,20 +241,20 @@ def test_table_rows_and_text():
     assert len(rows) == len(result.candidates) <= 5
     mode, chunks, placement, predicted_s, utilization = rows[0]
     assert (mode, chunks, predicted_s) == (result.best.mode, result.best.num_chunks, result.best.predicted_iteration_s)
-    assert "actor:" in placement and 0.0 <= utilization <= 1.0
+    assert "trainer:" in placement and 0.0 <= utilization <= 1.0
     text = result.format_table()
     assert text.splitlines()[0].split() == ["mode", "chunks", "placement", "predicted_s", "mean_util"]
 
 
-def test_overlapped_training_moves_the_actor_to_its_own_core():
+def test_overlapped_training_moves_the_trainer_to_its_own_core():
     # training (1.6 s; a second core does not speed it up) dominates collection (<= 0.55 s): with one
     # step of staleness the trainer gets a core of its own and runs beside the collection on the other.
     prof = profile(component("env", 0.0, 0.1, 0.0), component("rollout", 0.05, 0.0, 0.0),
-                   component("actor", 0.0, 0.4, 0.0))
+                   component("trainer", 0.0, 0.4, 0.0))
     resources = Resources.cpu_cores(2, 8.0)
     sync = plan(Workflow.embodied(2, 2), prof, resources).best
     overlap = plan(Workflow.embodied(2, 2, train_overlap=True), prof, resources).best
     assert sync.predicted_iteration_s > 1.6 + 0.4  # collection (pipelined at best) then training
     assert overlap.mode == "disaggregated"
-    assert overlap.placement == {"env": (0,), "rollout": (0,), "actor": (1,)}
+    assert overlap.placement == {"env": (0,), "rollout": (0,), "trainer": (1,)}
     assert overlap.predicted_iteration_s == pytest.approx(1.6)

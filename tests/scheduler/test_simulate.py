@@ -24,16 +24,16 @@ def _times(timeline):
 # ------------------------------------------------------------------------------- hand-checked
 
 
-def _env_rollout_profile(**actor):
+def _env_rollout_profile(**trainer):
     # env and rollout take 1 s for the whole batch of 4 envs (0.25 s per env), no fixed cost.
     return profile(
         component("env", per_item_s=0.25),
         component("rollout", per_item_s=0.25),
-        component("actor", fixed_s=0.5, **actor),
+        component("trainer", fixed_s=0.5, **trainer),
     )
 
 
-DISAGGREGATED = {"env": (0,), "rollout": (1,), "actor": (2,)}
+DISAGGREGATED = {"env": (0,), "rollout": (1,), "trainer": (2,)}
 
 # Per chunk the chain is rollout t0 -> env t0 -> rollout t1 -> ... -> env t(T-1) -> rollout tT
 # (the last rollout computes bootstrap values): T env calls, T + 1 rollout calls.
@@ -43,14 +43,14 @@ def test_disaggregated_two_chunks_one_step_by_hand():
     # Chunks of 2 envs: every env/rollout task takes 0.5 s.
     #   dev1 rollout: t0c0 [0,.5]  t0c1 [.5,1]  t1c0 (after env t0c0 at 1.0) [1,1.5]  t1c1 (env t0c1 1.5) [1.5,2]
     #   dev0 env:     t0c0 [.5,1]  t0c1 [1,1.5]
-    #   dev2 actor:   [2, 2.5]  (one call on all 4 samples: fixed 0.5 s)
-    # One chunk: rollout [0,1], env [1,2], rollout [2,3], actor [3,3.5].
+    #   dev2 trainer:   [2, 2.5]  (one call on all 4 samples: fixed 0.5 s)
+    # One chunk: rollout [0,1], env [1,2], rollout [2,3], trainer [3,3.5].
     workflow, resources = Workflow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(3, 8.0)
     timeline = simulate(_plan("disaggregated", DISAGGREGATED, 2), _env_rollout_profile(), workflow, resources)
     times = _times(timeline)
     assert times["env t0 c1"] == (1.0, 1.5)
     assert times["rollout t1 c1"] == (1.5, 2.0)
-    assert times["actor epoch 0"] == (2.0, 2.5)
+    assert times["trainer epoch 0"] == (2.0, 2.5)
     assert timeline.makespan_s == 2.5
     assert timeline.utilization == pytest.approx({0: 1.0 / 2.5, 1: 2.0 / 2.5, 2: 0.5 / 2.5})
     one_chunk = simulate(_plan("disaggregated", DISAGGREGATED, 1), _env_rollout_profile(), workflow, resources)
@@ -60,7 +60,7 @@ def test_disaggregated_two_chunks_one_step_by_hand():
 def test_disaggregated_two_chunks_two_steps_by_hand():
     #   rollout: t0c0 [0,.5] t0c1 [.5,1] t1c0 [1,1.5] t1c1 [1.5,2] t2c0 (env t1c0 ends 2) [2,2.5] t2c1 [2.5,3]
     #   env:     t0c0 [.5,1] t0c1 [1,1.5] t1c0 (rollout t1c0 ends 1.5) [1.5,2] t1c1 (r t1c1 ends 2) [2,2.5]
-    #   actor: [3, 3.5]. One chunk: 3 rollout + 2 env calls of 1 s + 0.5 = 5.5.
+    #   trainer: [3, 3.5]. One chunk: 3 rollout + 2 env calls of 1 s + 0.5 = 5.5.
     workflow, resources = Workflow.embodied(num_envs=4, rollout_steps=2), Resources.cpu_cores(3, 8.0)
     timeline = simulate(_plan("disaggregated", DISAGGREGATED, 2), _env_rollout_profile(), workflow, resources)
     times = _times(timeline)
@@ -74,34 +74,34 @@ def test_disaggregated_two_chunks_two_steps_by_hand():
 def test_transfer_latency_and_size_by_hand():
     # 1 chunk, T=1, env output 2 MiB/env, rollout output 0 MiB, message cost 0.1 s + 0.05 s/MiB.
     # rollout t0 [0,1]; actions (0 MiB) 0.1 s; env [1.1,2.1]; obs 4 envs * 2 MiB = 8 MiB -> 0.5 s;
-    # rollout t1 [2.6,3.6]; trajectories 4 * 1 step * (2 + 0) MiB -> 0.5 s; actor [4.1,4.6];
+    # rollout t1 [2.6,3.6]; trajectories 4 * 1 step * (2 + 0) MiB -> 0.5 s; trainer [4.1,4.6];
     # the weight sync to dev1 is a 0 MiB message (0.1 s) with no local cost: a zero-length span at 4.7.
     prof = profile(component("env", per_item_s=0.25, output_mib_per_item=2.0), component("rollout", per_item_s=0.25),
-                   component("actor", fixed_s=0.5), latency_s=0.1, s_per_mib=0.05)
+                   component("trainer", fixed_s=0.5), latency_s=0.1, s_per_mib=0.05)
     timeline = simulate(_plan("disaggregated", DISAGGREGATED, 1), prof,
                         Workflow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(3, 8.0))
     times = _times(timeline)
     assert times["env t0 c0"] == pytest.approx((1.1, 2.1))
     assert times["rollout t1 c0"] == pytest.approx((2.6, 3.6))
-    assert times["actor epoch 0"] == pytest.approx((4.1, 4.6))
+    assert times["trainer epoch 0"] == pytest.approx((4.1, 4.6))
     assert timeline.makespan_s == pytest.approx(4.7)
 
 
 def test_colocated_with_context_switches_by_hand():
-    # One device; T=2, 1 chunk; env 1 s, rollout 1 s, actor 2 s per call.
+    # One device; T=2, 1 chunk; env 1 s, rollout 1 s, trainer 2 s per call.
     # Device order: onload env .2, onload rollout .4, r0 1, e0 1, r1 1, e1 1, r2 1, offload env .1,
-    # offload rollout .3, onload actor .6, actor 2, offload actor .5  = 9.1 s; busy (work) 7 s.
+    # offload rollout .3, onload trainer .6, trainer 2, offload trainer .5  = 9.1 s; busy (work) 7 s.
     prof = profile(
         component("env", per_item_s=0.25, offload_s=0.1, onload_s=0.2),
         component("rollout", per_item_s=0.25, offload_s=0.3, onload_s=0.4),
-        component("actor", fixed_s=2.0, offload_s=0.5, onload_s=0.6),
+        component("trainer", fixed_s=2.0, offload_s=0.5, onload_s=0.6),
     )
-    placement = {"env": (0,), "rollout": (0,), "actor": (0,)}
-    timeline = simulate(_plan("colocated", placement, 1, offload=("actor", "env", "rollout")), prof,
+    placement = {"env": (0,), "rollout": (0,), "trainer": (0,)}
+    timeline = simulate(_plan("colocated", placement, 1, offload=("trainer", "env", "rollout")), prof,
                         Workflow.embodied(num_envs=4, rollout_steps=2), Resources.cpu_cores(1, 8.0))
     times = _times(timeline)
     assert times["env t0 c0"] == pytest.approx((1.6, 2.6))
-    assert times["onload actor @0"] == pytest.approx((6.0, 6.6))
+    assert times["onload trainer @0"] == pytest.approx((6.0, 6.6))
     assert timeline.makespan_s == pytest.approx(9.1)
     assert timeline.utilization[0] == pytest.approx(7.0 / 9.1)
     kinds = sorted(s.kind for s in timeline.spans if s.kind != "work")
@@ -110,9 +110,9 @@ def test_colocated_with_context_switches_by_hand():
 
 def test_weight_sync_across_devices_by_hand():
     # As the first hand case plus a 10 MiB weight sync at 0.1 s/MiB and a 0.25 s local load on dev1:
-    # actor ends 2.5; message 1.0 s; sync [3.5, 3.75].
+    # trainer ends 2.5; message 1.0 s; sync [3.5, 3.75].
     prof = profile(component("env", per_item_s=0.25), component("rollout", per_item_s=0.25, weights_mib=10.0),
-                   component("actor", fixed_s=0.5), component("weight_sync", fixed_s=0.25), s_per_mib=0.1)
+                   component("trainer", fixed_s=0.5), component("weight_sync", fixed_s=0.25), s_per_mib=0.1)
     timeline = simulate(_plan("disaggregated", DISAGGREGATED, 2), prof,
                         Workflow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(3, 8.0))
     sync = [s for s in timeline.spans if s.kind == "sync"]
@@ -124,16 +124,16 @@ def test_reasoning_streams_micro_batches_by_hand():
     # 4 prompts x 2 samples, 2 chunks of 4 samples, 0.1 s per message, no device scaling.
     # rollout 0.5 + 0.25/sample = 1.5 s/chunk: [0,1.5] [1.5,3]
     # reward 0.125/sample = 0.5 s:             [1.6,2.1] [3.1,3.6]
-    # actor 0.5 + 0.125/sample = 1.0 s:        [2.2,3.2] [3.7,4.7]
+    # trainer 0.5 + 0.125/sample = 1.0 s:        [2.2,3.2] [3.7,4.7]
     # weight sync: free locally, 0.1 s message -> zero-length span at 4.8.
     prof = profile(component("rollout", 0.5, 0.25, 0.0), component("reward", 0.0, 0.125, 0.0),
-                   component("actor", 0.5, 0.125, 0.0), latency_s=0.1)
-    placement = {"rollout": (0,), "reward": (1,), "actor": (2,)}
+                   component("trainer", 0.5, 0.125, 0.0), latency_s=0.1)
+    placement = {"rollout": (0,), "reward": (1,), "trainer": (2,)}
     timeline = simulate(_plan("disaggregated", placement, 2), prof, Workflow.reasoning(num_prompts=4, group_size=2),
                         Resources.cpu_cores(3, 8.0))
     times = _times(timeline)
     assert times["reward c0"] == pytest.approx((1.6, 2.1))
-    assert times["actor epoch 0 c1"] == pytest.approx((3.7, 4.7))
+    assert times["trainer epoch 0 c1"] == pytest.approx((3.7, 4.7))
     assert timeline.makespan_s == pytest.approx(4.8)
 
 
@@ -149,8 +149,8 @@ def test_chunk_sizes_partition_and_balance():
 
 def test_tasks_use_chunk_sizes_as_batches():
     workflow = Workflow.embodied(num_envs=10, rollout_steps=2)
-    prof = profile(component("env", per_item_s=1.0), component("rollout", per_item_s=1.0), component("actor", 1.0))
-    placement = {"env": (0,), "rollout": (0,), "actor": (0,)}
+    prof = profile(component("env", per_item_s=1.0), component("rollout", per_item_s=1.0), component("trainer", 1.0))
+    placement = {"env": (0,), "rollout": (0,), "trainer": (0,)}
     tasks = task_graph(_plan("colocated", placement, 4), prof, workflow, Resources.cpu_cores(1, 8.0))
     env_step0 = [t.duration_s for t in tasks if t.component == "env" and t.step == 0]
     assert env_step0 == [3.0, 3.0, 2.0, 2.0]  # chunk_sizes(10, 4), 1 s per env
@@ -227,13 +227,13 @@ def test_more_chunks_never_slower_without_fixed_costs_when_disaggregated(seed):
     prof = profile(
         component("env", 0.0, rng.uniform(0.01, 1.0), rng.choice([0.0, 1.0]), output_mib_per_item=rng.uniform(0, 2)),
         component("rollout", 0.0, rng.uniform(0.01, 1.0), rng.choice([0.0, 1.0]), output_mib_per_item=rng.uniform(0, 2)),
-        component("actor", rng.uniform(0.0, 1.0), rng.uniform(0.0, 0.1)),
+        component("trainer", rng.uniform(0.0, 1.0), rng.uniform(0.0, 0.1)),
         s_per_mib=rng.choice([0.0, 0.1]),  # size-proportional transfer is allowed; the fixed latency is 0
     )
     resources = Resources.cpu_cores(4, 8.0)
     n_env = rng.randint(1, 2)
-    placement = {"env": tuple(range(n_env)), "rollout": tuple(range(n_env, 3)), "actor": rng.choice([(3,), (0, 1, 2, 3)])}
-    mode = "disaggregated" if placement["actor"] == (3,) else "hybrid"  # env and rollout disjoint either way
+    placement = {"env": tuple(range(n_env)), "rollout": tuple(range(n_env, 3)), "trainer": rng.choice([(3,), (0, 1, 2, 3)])}
+    mode = "disaggregated" if placement["trainer"] == (3,) else "hybrid"  # env and rollout disjoint either way
     makespans = [simulate(_plan(mode, placement, k), prof, workflow, resources).makespan_s
                  for k in range(1, workflow.num_envs + 1)]
     for fewer, more in zip(makespans, makespans[1:]):
@@ -244,58 +244,58 @@ def test_simulate_rejects_invalid_plans():
     workflow = Workflow.embodied(num_envs=4, rollout_steps=1)
     resources = Resources.cpu_cores(2, 8.0)
     with pytest.raises(ValueError, match="exceeds"):
-        simulate(_plan("colocated", {"env": (0,), "rollout": (0,), "actor": (0,)}, 5), _env_rollout_profile(),
+        simulate(_plan("colocated", {"env": (0,), "rollout": (0,), "trainer": (0,)}, 5), _env_rollout_profile(),
                  workflow, resources)
     with pytest.raises(ValueError, match="device 7"):
-        simulate(_plan("colocated", {"env": (7,), "rollout": (0,), "actor": (0,)}, 1), _env_rollout_profile(),
+        simulate(_plan("colocated", {"env": (7,), "rollout": (0,), "trainer": (0,)}, 1), _env_rollout_profile(),
                  workflow, resources)
     with pytest.raises(ValueError, match="must place exactly"):
-        simulate(_plan("colocated", {"env": (0,), "actor": (0,)}, 1), _env_rollout_profile(), workflow, resources)
-    gpu_actor = profile(component("env"), component("rollout"), component("actor", device_kind="gpu"))
+        simulate(_plan("colocated", {"env": (0,), "trainer": (0,)}, 1), _env_rollout_profile(), workflow, resources)
+    gpu_trainer = profile(component("env"), component("rollout"), component("trainer", device_kind="gpu"))
     with pytest.raises(ValueError, match="needs gpu devices"):
-        simulate(_plan("colocated", {"env": (0,), "rollout": (0,), "actor": (1,)}, 1), gpu_actor, workflow, resources)
+        simulate(_plan("colocated", {"env": (0,), "rollout": (0,), "trainer": (1,)}, 1), gpu_trainer, workflow, resources)
 
 
 def test_switchable_components_only_share_devices_across_phases():
     phases = Workflow.embodied(num_envs=2, rollout_steps=1).spec.phases
-    assert switchable_components({"env": (0,), "rollout": (1,), "actor": (0, 1)}, phases) == ("env", "rollout", "actor")
-    assert switchable_components({"env": (0,), "rollout": (0,), "actor": (1,)}, phases) == ()
+    assert switchable_components({"env": (0,), "rollout": (1,), "trainer": (0, 1)}, phases) == ("env", "rollout", "trainer")
+    assert switchable_components({"env": (0,), "rollout": (0,), "trainer": (1,)}, phases) == ()
 
 
 def test_cross_process_messages_pay_latency_between_colocated_components():
     # Colocated on one device, 1 chunk, T=1, latency 0.1 s, no sizes.
-    # Without cross-process messages: rollout [0,1], env [1,2], rollout [2,3], actor [3,3.5] (+ free sync).
+    # Without cross-process messages: rollout [0,1], env [1,2], rollout [2,3], trainer [3,3.5] (+ free sync).
     # With them: every message between two components costs 0.1 s:
-    #   rollout [0,1]; actions -> env [1.1,2.1]; obs -> rollout [2.2,3.2]; trajectories -> actor [3.3,3.8];
+    #   rollout [0,1]; actions -> env [1.1,2.1]; obs -> rollout [2.2,3.2]; trajectories -> trainer [3.3,3.8];
     #   weights -> the sync (no local cost) at 3.9.
     base = profile(component("env", per_item_s=0.25), component("rollout", per_item_s=0.25),
-                   component("actor", fixed_s=0.5), latency_s=0.1)
-    plan = _plan("colocated", {"env": (0,), "rollout": (0,), "actor": (0,)}, 1)
+                   component("trainer", fixed_s=0.5), latency_s=0.1)
+    plan = _plan("colocated", {"env": (0,), "rollout": (0,), "trainer": (0,)}, 1)
     workflow, resources = Workflow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(1, 8.0)
     assert simulate(plan, base, workflow, resources).makespan_s == pytest.approx(3.5)
     cross = type(base).from_dict({**base.to_dict(), "cross_process_messages": True})
     timeline = simulate(plan, cross, workflow, resources)
     times = _times(timeline)
     assert times["env t0 c0"] == pytest.approx((1.1, 2.1))
-    assert times["actor epoch 0"] == pytest.approx((3.3, 3.8))
+    assert times["trainer epoch 0"] == pytest.approx((3.3, 3.8))
     assert timeline.makespan_s == pytest.approx(3.9)
 
 
 def test_train_overlap_by_hand():
     # 2 envs x 2 steps, one chunk. env: 0.1 s/env (one process) -> 0.2 s per step; rollout 0.05 s per
-    # call (3 calls: 2 steps + bootstrap); actor 0.2 s/sample on 4 samples -> 0.8 s. Messages are free.
+    # call (3 calls: 2 steps + bootstrap); trainer 0.2 s/sample on 4 samples -> 0.8 s. Messages are free.
     prof = profile(component("env", 0.0, 0.1, 0.0), component("rollout", 0.05, 0.0, 0.0),
-                   component("actor", 0.0, 0.2, 0.0))
+                   component("trainer", 0.0, 0.2, 0.0))
     resources = Resources.cpu_cores(2, 8.0)
-    apart = _plan("disaggregated", {"env": (0,), "rollout": (0,), "actor": (1,)}, 1)
-    shared = _plan("hybrid", {"env": (0,), "rollout": (1,), "actor": (0, 1)}, 1)
+    apart = _plan("disaggregated", {"env": (0,), "rollout": (0,), "trainer": (1,)}, 1)
+    shared = _plan("hybrid", {"env": (0,), "rollout": (1,), "trainer": (0, 1)}, 1)
     sync, overlap = Workflow.embodied(2, 2), Workflow.embodied(2, 2, train_overlap=True)
     # collection 0.05 + 0.2 + 0.05 + 0.2 + 0.05 = 0.55 s on core 0; training 0.8 s
     assert simulate(apart, prof, sync, resources).makespan_s == pytest.approx(0.55 + 0.8)
     timeline = simulate(apart, prof, overlap, resources)
     assert timeline.makespan_s == pytest.approx(0.8)  # training on core 1 from t=0, beside collection
-    assert _times(timeline)["actor epoch 0"] == pytest.approx((0.0, 0.8))
-    # an actor that shares the collection's devices cannot overlap: the same makespan as without
+    assert _times(timeline)["trainer epoch 0"] == pytest.approx((0.0, 0.8))
+    # an trainer that shares the collection's devices cannot overlap: the same makespan as without
     assert simulate(shared, prof, overlap, resources).makespan_s == pytest.approx(
         simulate(shared, prof, sync, resources).makespan_s)
 
