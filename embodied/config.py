@@ -5,7 +5,8 @@
   the expected type. Both raise :class:`~embodied.errors.ConfigError` (exit code 2 in the CLI).
 * :func:`apply_overrides` applies ``a.b.c=value`` strings (values parsed as YAML).
 * :func:`to_dict` / :func:`save_yaml` write the fully resolved config that every run keeps.
-* :func:`field_docs` reads the docstring under each dataclass field (for ``--help`` style listings).
+* :func:`field_docs` reads the docstring under each dataclass field (``embodied config`` and
+  docs/config.md are generated from them, see ``pipelines.config_reference``).
 """
 
 from __future__ import annotations
@@ -27,16 +28,17 @@ C = TypeVar("C")
 _MISSING = object()
 
 
-def _type_name(tp: Any) -> str:
+def type_name(tp: Any) -> str:
+    """A readable name of a config field's type (``float | null``, ``'auto' | 'bar'``, ``list[int]``)."""
     origin = get_origin(tp)
     if origin is Literal:
         return " | ".join(repr(a) for a in get_args(tp))
     if origin in (Union, types.UnionType):
-        return " | ".join(_type_name(a) for a in get_args(tp))
+        return " | ".join(type_name(a) for a in get_args(tp))
     if tp is type(None):
         return "null"
     if origin is not None:
-        args = ", ".join(_type_name(a) for a in get_args(tp))
+        args = ", ".join(type_name(a) for a in get_args(tp))
         return f"{getattr(origin, '__name__', str(origin))}[{args}]"
     return getattr(tp, "__name__", str(tp))
 
@@ -50,7 +52,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
     def fail() -> ConfigError:
         return ConfigError(
-            f"Config key {key!r} expects {_type_name(tp)}, got {value!r} ({type(value).__name__})."
+            f"Config key {key!r} expects {type_name(tp)}, got {value!r} ({type(value).__name__})."
         )
 
     if tp is Any:
@@ -271,19 +273,3 @@ def field_docs(cls: type) -> dict[str, str]:
         ):
             docs[node.target.id] = " ".join(nxt.value.value.split())
     return docs
-
-
-def describe(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
-    """(key, type, default, doc) for every leaf field, for listings and docs."""
-    rows = []
-    docs = field_docs(cls)
-    hints = _hints(cls)
-    defaults = cls()
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        full = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(tp):
-            rows.extend(describe(tp, full + "."))
-        else:
-            rows.append((full, _type_name(tp), getattr(defaults, f.name), docs.get(f.name, "")))
-    return rows

@@ -4,6 +4,7 @@
     embodied eval RUN_DIR_OR_CHECKPOINT [episodes=N] [key=value ...]
     embodied recipes                            list bundled recipes
     embodied plan RECIPE [key=value ...] [--profile]   show the M2Flow planner's choice
+    embodied config RECIPE [KEY] [key=value ...]        every config key: value, type, default, doc
 
 User errors (bad keys, unknown recipes or envs, missing checkpoints) print one paragraph and exit
 with code 2; nothing is written to an existing run.
@@ -112,6 +113,30 @@ def cmd_eval(args: list[str]) -> int:
     return 0
 
 
+def cmd_config(args: list[str]) -> int:
+    from pipelines import config_reference as ref
+
+    if args[:1] == ["--markdown"]:
+        print(ref.render_markdown(all_recipe_configs()), end="")
+        return 0
+    recipe, rest = _split_recipe(args)
+    keys = [a for a in rest if "=" not in a]
+    overrides = [a for a in rest if "=" in a]
+    cfg = build_train_config(([recipe] if recipe else []) + overrides)
+    if not keys:
+        print(ref.format_config(cfg.recipe, cfg))
+    for key in keys:
+        print(ref.format_key(cfg.recipe, cfg, key))
+    return 0
+
+
+def all_recipe_configs() -> dict[str, Any]:
+    """Every bundled recipe's resolved config, by name."""
+    from pipelines.recipes import RECIPES
+
+    return {name: build_train_config([name]) for name in RECIPES.names()}
+
+
 def cmd_recipes(args: list[str]) -> int:
     from pipelines.recipes import DEFAULT_RECIPE, RECIPES
 
@@ -126,6 +151,7 @@ COMMANDS = {
     "train": (cmd_train, "train a policy: embodied train [RECIPE] [key=value ...]"),
     "eval": (cmd_eval, "evaluate a run or checkpoint: embodied eval PATH [episodes=N]"),
     "recipes": (cmd_recipes, "list the bundled recipes"),
+    "config": (cmd_config, "document the config: embodied config RECIPE [KEY] [key=value ...]"),
 }
 
 

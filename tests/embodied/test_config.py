@@ -5,7 +5,7 @@ from typing import Literal
 
 import pytest
 
-from embodied.config import apply_overrides, build_config, describe, field_docs, parse_override, to_dict
+from embodied.config import apply_overrides, build_config, field_docs, parse_override, to_dict
 from embodied.errors import ConfigError
 
 
@@ -82,12 +82,3 @@ def test_to_dict_round_trip():
 
 def test_field_docs_are_read_from_the_source():
     assert field_docs(Inner)["lr"] == "Learning rate."
-    rows = {r[0]: r for r in describe(Outer)}
-    assert rows["inner.sizes"][3] == "Hidden sizes."
-
-
-def test_train_config_documents_every_field():
-    from pipelines.config import TrainConfig
-
-    undocumented = [key for key, _, _, doc in describe(TrainConfig) if not doc]
-    assert undocumented == []
