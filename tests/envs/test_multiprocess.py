@@ -564,7 +564,7 @@ def test_doorbell_handshake_sleeps_wakes_and_publishes():
     import select
     import threading
 
-    from envs.multiprocess import _WAKE, Doorbell
+    from envs.multiprocess import WAKE, Doorbell
 
     parent_end, worker_end = mp.Pipe()
     poller = select.poll()
@@ -577,11 +577,11 @@ def test_doorbell_handshake_sleeps_wakes_and_publishes():
         assert worker.worker_sleep(0, poller) is True and not parent.worker_asleep()
         # A step posted while the worker sleeps, with the wake-up the parent sends on seeing the flag.
         seen = []
-        threading.Timer(0.02, lambda: (seen.append(parent.worker_asleep()), parent.ring(2), parent_end.send_bytes(_WAKE))).start()
+        threading.Timer(0.02, lambda: (seen.append(parent.worker_asleep()), parent.ring(2), parent_end.send_bytes(WAKE))).start()
         start = time.perf_counter()
         assert worker.worker_sleep(1, poller) is True
         assert seen == [True] and time.perf_counter() - start < 0.5
-        assert worker_end.recv_bytes() == _WAKE
+        assert worker_end.recv_bytes() == WAKE
         # A step posted without a wake-up (a lost one) is still seen, after a sleep slice.
         threading.Timer(0.02, parent.ring, (3,)).start()
         start = time.perf_counter()
@@ -598,7 +598,7 @@ def test_doorbell_handshake_sleeps_wakes_and_publishes():
         assert parent.done(3) and row[Doorbell.REPLY] == Doorbell.SUCCESS and not parent_end.poll()
         row[Doorbell.PARENT_ASLEEP] = 1
         worker.publish(4, Doorbell.PLAIN)
-        assert parent_end.recv_bytes() == _WAKE
+        assert parent_end.recv_bytes() == WAKE
         worker.publish(5, Doorbell.PIPE)
         assert not parent_end.poll()
         row[Doorbell.PARENT_ASLEEP] = 0

@@ -1,0 +1,435 @@
+"""``MultiprocessVecEnv``: the parent side, a :class:`~envs.base.VecEnv` over worker processes.
+
+It starts one worker process per shard (:func:`~envs.multiprocess.worker.worker_main`), sends
+each worker its rows of every command, waits for the replies (polling each pipe in slices and
+checking the process between them) and puts them back together in env order. ``step`` goes
+through the :class:`~envs.multiprocess.buffers.StepBuffers` block and each worker's
+:class:`~envs.multiprocess.doorbell.Doorbell`; everything else travels pickled through the pipes.
+The overview of the transport is in :mod:`envs.multiprocess`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import select
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+import cloudpickle
+import gymnasium as gym
+import numpy as np
+
+from embodied.errors import UserError
+from envs.base import Array, ChunkStepResult, Obs, StepResult, VecEnv, to_numpy
+from envs.multiprocess.buffers import StepBuffers
+from envs.multiprocess.concat import concat_chunk_results, concat_obs, concat_step_results
+from envs.multiprocess.doorbell import DEFAULT_SPIN_S, PARENT_SLICE_S, WAKE, Doorbell, ReplyWaiter, memory_fence
+from envs.multiprocess.worker import worker_main
+
+EnvFn = Callable[[], gym.Env]
+
+#: How often a wait for a reply checks that the worker is still alive (a reply ends the wait at once).
+_LIVENESS_SLICE_MS = 500
+
+
+class EnvWorkerError(RuntimeError):
+    """An env worker process raised, died, or did not answer in time."""
+
+    def __init__(self, message: str, worker_index: int, worker_traceback: str = "") -> None:
+        super().__init__(message)
+        self.worker_index = worker_index
+        self.worker_traceback = worker_traceback
+
+
+def shard_bounds(num_envs: int, num_procs: int) -> list[tuple[int, int]]:
+    """Contiguous [start, end) env ranges of ``num_procs`` shards, sizes differing by at most one."""
+    base, extra = divmod(num_envs, num_procs)
+    bounds, start = [], 0
+    for i in range(num_procs):
+        end = start + base + (1 if i < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+class MultiprocessVecEnv(VecEnv):
+    """``len(env_fns)`` envs spread over ``num_procs`` processes; see :mod:`envs.multiprocess`.
+
+    env_fns:      one constructor per env (pickled with cloudpickle, so closures work); each runs
+                  in its worker process, which is where simulators get imported.
+    num_procs:    worker processes (capped at ``len(env_fns)``); worker i steps a contiguous shard.
+    instructions: optional language instruction per env.
+    context:      multiprocessing start method, ``"forkserver"`` (default) or ``"spawn"``;
+                  ``"fork"`` is accepted but unsafe once torch or a simulator has started threads.
+    timeout_s:    longest wait for one reply (None: wait as long as the worker is alive); a stuck
+                  worker then raises :class:`EnvWorkerError`.
+    start_timeout_s: longest wait for the workers to build their envs.
+    shared_memory: pass ``step`` batches through shared memory (False: everything pickled).
+    threads_per_worker: size of each worker's thread pools (torch, OpenMP, BLAS, llvmpipe); set
+                  before the simulator is imported. 1 keeps N workers on N cores from oversubscribing.
+    spin_s:       longest busy-wait of a worker for its next command when commands usually follow
+                  its replies within that time (a tight stepping loop), and of the parent around
+                  the typical arrival of a step's reply; 0 always blocks. Workers do not spin with
+                  more workers than cores (a spinning worker would hold a core another one needs),
+                  the parent only with fewer. See :class:`CommandWaiter` and :class:`ReplyWaiter`.
+
+    Workers run on the CPU cores this process may use when it makes them (its affinity), so a
+    pipeline that pins its env worker to some cores pins that worker's env processes too.
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[EnvFn],
+        num_procs: int,
+        instructions: Sequence[str] | None = None,
+        context: str = "forkserver",
+        timeout_s: float | None = None,
+        start_timeout_s: float | None = 600.0,
+        shared_memory: bool = True,
+        threads_per_worker: int = 1,
+        spin_s: float = DEFAULT_SPIN_S,
+    ) -> None:
+        if len(env_fns) < 1:
+            raise UserError("MultiprocessVecEnv needs at least one env constructor.")
+        if num_procs < 1:
+            raise UserError(f"env.num_procs must be >= 1, got {num_procs}.")
+        if spin_s < 0:
+            raise UserError(f"env.worker_spin_us must be >= 0, got {spin_s * 1e6:g}.")
+        if instructions is not None and len(instructions) != len(env_fns):
+            raise UserError(f"got {len(instructions)} instructions for {len(env_fns)} envs.")
+        self.num_envs = len(env_fns)
+        self.num_procs = min(num_procs, self.num_envs)
+        self.bounds = shard_bounds(self.num_envs, self.num_procs)
+        self.timeout_s = timeout_s
+        self._instructions = list(instructions) if instructions is not None else None
+        self._closed = False
+        self._waiting: str | None = None  # the command whose replies are outstanding
+        self._conns: list[Connection] = []
+        self._procs: list[mp.process.BaseProcess] = []
+        self._pollers: list[select.poll] = []
+        self._buffers: StepBuffers | None = None
+        ctx = mp.get_context(context)
+        env_vars = dict(os.environ)
+        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        num_cores = len(cores) if cores is not None else os.cpu_count() or 1
+        if self.num_procs > num_cores:
+            spin_s = 0.0  # more workers than cores: a spinning worker would hold a core another one needs
+        self.spin_s = spin_s
+        # The parent spins for replies only with a core to itself (fewer workers than cores).
+        self.reply_spin_s = spin_s if self.num_procs < num_cores else 0.0
+        self._reply_waiters: list[ReplyWaiter] = []
+        self._sent_at: float | None = None  # when the step in flight was sent
+        self._bells: list[Doorbell] = []  # the workers' shared-memory handshakes (with the block)
+        self._seq = 0  # the last step posted on the doorbells
+        self._piped: list[bytes | None] = []  # a step's reply read from the pipe while sleeping
+        try:
+            for i, (start, end) in enumerate(self.bounds):
+                shard_instr = self._instructions[start:end] if self._instructions is not None else None
+                payload = cloudpickle.dumps((list(env_fns[start:end]), shard_instr))
+                parent_conn, child_conn = ctx.Pipe(duplex=True)
+                proc = ctx.Process(
+                    target=worker_main,
+                    args=(i, child_conn, payload, env_vars, threads_per_worker, cores, spin_s),
+                    name=f"EnvWorker-{i}",
+                    daemon=True,
+                )
+                proc.start()
+                child_conn.close()
+                self._conns.append(parent_conn)
+                self._procs.append(proc)
+                poller = select.poll()  # one per pipe: cheaper than Connection.poll's selector per call
+                poller.register(parent_conn.fileno(), select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR)
+                self._pollers.append(poller)
+                self._reply_waiters.append(ReplyWaiter(parent_conn.fileno(), self.reply_spin_s))
+            spaces = self._gather("start", timeout_s=start_timeout_s)
+            self.observation_space, self.action_space = spaces[0]
+            if shared_memory:
+                self._buffers = StepBuffers.create(self.num_envs, self.observation_space, self.action_space, self.num_procs)
+            if self._buffers is not None:
+                self._waiting = "attach"
+                self._send_all("attach", [(self._buffers.spec(), bounds) for bounds in self.bounds])
+                self._finish("attach")
+                self._bells = [Doorbell(self._buffers.ctrl[i], conn) for i, conn in enumerate(self._conns)]
+                self._piped = [None] * self.num_procs
+        except BaseException:
+            self.close(timeout_s=2.0)
+            raise
+
+    # --- messaging -------------------------------------------------------------------------------
+    def _send_all(self, command: str, args: Sequence[Any]) -> None:
+        for i, (conn, arg) in enumerate(zip(self._conns, args)):
+            self._send_bytes(i, command, pickle.dumps((command, arg), protocol=pickle.HIGHEST_PROTOCOL))
+
+    def _send_bytes(self, i: int, command: str, message: bytes) -> None:
+        try:
+            self._conns[i].send_bytes(message)
+        except (BrokenPipeError, OSError):
+            self._broken(self._dead(i, command))
+
+    def _gather(self, command: str, timeout_s: float | None = None) -> list[Any]:
+        """One reply per worker, in worker order; raises after draining every live worker.
+
+        A step's replies (``step``: pickled through the pipe; ``step_shared``: the extras of the
+        step posted on the doorbells, see :class:`Doorbell`) are waited for with each worker's
+        :class:`ReplyWaiter`."""
+        replies: list[Any] = [None] * len(self._conns)
+        failure: Exception | None = None
+        shared = command == "step_shared"
+        name = "step" if shared else command
+        sent_at = self._sent_at if name == "step" else None
+        seq = self._seq
+        for i in range(len(self._conns)):
+            waiter = self._reply_waiters[i]
+            if sent_at is not None:
+                waiter.wait(sent_at, **(self._doorbell_hooks(i, seq) if shared else {}))
+            status, value = self._recv_shared(i, seq) if shared else self._recv(i, command, timeout_s)
+            if sent_at is not None:
+                waiter.replied(sent_at)
+            if status == "ok":
+                replies[i] = value
+            elif failure is None:
+                failure = self._worker_failure(i, name, value)
+        if failure is not None:
+            raise failure
+        return replies
+
+    def _doorbell_hooks(self, i: int, seq: int) -> dict[str, Callable[..., bool]]:
+        """How :meth:`ReplyWaiter.wait` sees and sleeps for worker ``i``'s step ``seq`` on its doorbell."""
+        bell = self._bells[i]
+        return {"ready": lambda: bell.done(seq), "sleep": lambda seconds: self._sleep_shared(i, seq, seconds)}
+
+    def _recv_shared(self, i: int, seq: int) -> tuple[str, Any]:
+        """Worker ``i``'s reply to step ``seq`` of the doorbell: from the block, or pickled from
+        the pipe (REPLY == PIPE, which the worker may send before DONE)."""
+        bell = self._bells[i]
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        while not bell.done(seq) and self._piped[i] is None:
+            if not self._sleep_shared(i, seq, PARENT_SLICE_S):
+                self._check_alive(i, "step", self.timeout_s, deadline)
+        message, self._piped[i] = self._piped[i], None
+        if message is not None:
+            return pickle.loads(message)
+        memory_fence()  # the worker's results, written before DONE
+        kind = bell.row[Doorbell.REPLY]
+        if kind == Doorbell.PIPE:
+            return self._recv(i, "step", self.timeout_s)
+        return "ok", ({"has_success": True} if kind == Doorbell.SUCCESS else {})
+
+    def _sleep_shared(self, i: int, seq: int, seconds: float) -> bool:
+        """Sleep up to ``seconds`` for worker ``i``'s step ``seq``; whether it is done or its
+        reply came through the pipe (kept in ``_piped``). Wake-ups left from earlier steps (the
+        worker saw the parent asleep, the parent saw DONE before the wake-up came) are read and
+        slept through."""
+        bell, sleep = self._bells[i], self._reply_waiters[i].sleep
+        until = time.perf_counter() + seconds
+        while bell.parent_sleep(seq, sleep, until - time.perf_counter()):
+            if bell.done(seq):
+                return True
+            message = self._read(i, "step")  # readable: a wake-up, a pickled reply, or EOF (raises)
+            if message != WAKE:
+                self._piped[i] = message
+                return True
+            if time.perf_counter() >= until:
+                break
+        return False
+
+    def _recv(self, i: int, command: str, timeout_s: float | None) -> tuple[str, Any]:
+        # Wait on the pipe in slices (a reply ends the wait at once) and check between slices that
+        # the worker is alive; a dead worker usually shows at once as EOF on its pipe.
+        poller = self._pollers[i]
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            while not poller.poll(_LIVENESS_SLICE_MS):
+                self._check_alive(i, command, timeout_s, deadline)
+            message = self._read(i, command)
+            if message != WAKE:  # a wake-up of an earlier step that the parent did not sleep for
+                return pickle.loads(message)
+
+    def _read(self, i: int, command: str) -> bytes:
+        try:
+            return self._conns[i].recv_bytes()
+        except (EOFError, OSError):
+            self._broken(self._dead(i, command))
+            raise  # unreachable: _broken raises
+
+    def _check_alive(self, i: int, command: str, timeout_s: float | None, deadline: float | None) -> None:
+        if not self._procs[i].is_alive() and not self._conns[i].poll():
+            self._broken(self._dead(i, command))
+        if deadline is not None and time.monotonic() > deadline:
+            self._broken(
+                EnvWorkerError(
+                    f"env worker {i} ({self._describe_shard(i)}) did not answer {command!r} "
+                    f"within {timeout_s} s; it may be stuck in the simulator.",
+                    i,
+                )
+            )
+
+    def _worker_failure(self, i: int, command: str, value: tuple[bool, str, str]) -> Exception:
+        is_user_error, summary, tb = value
+        where = f"env worker {i} ({self._describe_shard(i)}) failed in {command!r}"
+        if is_user_error:
+            return UserError(f"{summary.split(': ', 1)[-1]} ({where})")
+        return EnvWorkerError(f"{where}: {summary}\n\nWorker traceback:\n{tb}", i, tb)
+
+    def _dead(self, i: int, command: str) -> EnvWorkerError:
+        proc = self._procs[i]
+        proc.join(timeout=1.0)
+        code = proc.exitcode
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        return EnvWorkerError(
+            f"env worker {i} ({self._describe_shard(i)}, pid {proc.pid}) died during {command!r} "
+            f"({how}). A simulator crash or the out-of-memory killer are the usual causes.",
+            i,
+        )
+
+    def _broken(self, err: EnvWorkerError) -> None:
+        """A worker is dead or stuck: the batch cannot continue; free everything and raise."""
+        self._waiting = "broken"
+        self.close(timeout_s=2.0)
+        raise err
+
+    def _describe_shard(self, i: int) -> str:
+        start, end = self.bounds[i]
+        return f"envs {start}..{end - 1}"
+
+    def _begin(self, command: str) -> None:
+        if self._closed:
+            raise RuntimeError("MultiprocessVecEnv is closed (or a worker died); make a new one.")
+        if self._waiting is not None:
+            raise RuntimeError(f"{command} called while {self._waiting!r} is in flight; call its *_wait() first.")
+        self._waiting = command
+
+    def _finish(self, command: str) -> list[Any]:
+        if self._closed:
+            raise RuntimeError("MultiprocessVecEnv is closed (or a worker died); make a new one.")
+        if self._waiting != command:
+            raise RuntimeError(f"no {command!r} in flight to wait for (in flight: {self._waiting}).")
+        try:
+            return self._gather(command, self.timeout_s)
+        finally:
+            if not self._closed:
+                self._waiting = None
+
+    # --- async contract ----------------------------------------------------------------------------
+    def step_async(self, actions: Array) -> None:
+        """Send each worker its rows of ``actions`` (N, *act_shape) and return at once."""
+        actions = to_numpy(actions)
+        act_shape = (self.num_envs, *(self.action_space.shape or ()))
+        if tuple(actions.shape) != act_shape:
+            raise UserError(
+                f"step expects actions of shape (num_envs, *action_shape) = {act_shape}, got {tuple(actions.shape)}; "
+                f"the env's action space is {self.action_space}."
+            )
+        buffers = self._buffers
+        self._sent_at = time.perf_counter()
+        if buffers is not None and actions.shape == buffers.actions.shape and actions.dtype == buffers.actions.dtype:
+            self._begin("step_shared")
+            buffers.actions[...] = actions
+            self._seq = seq = self._seq + 1
+            memory_fence()  # the actions before the command
+            for bell in self._bells:
+                bell.ring(seq)
+            memory_fence()  # the command before the look at the workers' sleep flags
+            for i, bell in enumerate(self._bells):
+                if bell.worker_asleep():
+                    self._send_bytes(i, "step", WAKE)
+        else:  # an unexpected dtype or shape goes pickled, so the envs see exactly what was given
+            self._begin("step")
+            self._send_all("step", [actions[start:end] for start, end in self.bounds])
+
+    def step_wait(self) -> StepResult:
+        """The :class:`StepResult` of the step sent by ``step_async``."""
+        if self._waiting == "step_shared":
+            assert self._buffers is not None
+            return self._buffers.read(self._finish("step_shared"), self.bounds)
+        return concat_step_results(self._finish("step"))
+
+    def chunk_step_async(self, actions: Array) -> None:
+        """Send each worker its rows of the chunk ``actions`` (N, C, *act_shape) and return at once."""
+        actions = to_numpy(self.check_chunk(actions))
+        self._begin("chunk_step")
+        self._send_all("chunk_step", [actions[start:end] for start, end in self.bounds])
+
+    def chunk_step_wait(self) -> ChunkStepResult:
+        """The :class:`ChunkStepResult` of the chunk sent by ``chunk_step_async``."""
+        return concat_chunk_results(self._finish("chunk_step"))
+
+    # --- sync contract -----------------------------------------------------------------------------
+    def reset(self, seed: int | None = None) -> Obs:
+        self._begin("reset")
+        self._send_all("reset", [None if seed is None else seed + start for start, _ in self.bounds])
+        return concat_obs(self._finish("reset"))
+
+    def step(self, actions: Array) -> StepResult:
+        self.step_async(actions)
+        return self.step_wait()
+
+    def chunk_step(self, actions: Array) -> ChunkStepResult:
+        self.chunk_step_async(actions)
+        return self.chunk_step_wait()
+
+    def render(self) -> np.ndarray | None:
+        self._begin("render")
+        self._send_all("render", [None] * self.num_procs)
+        frames = self._finish("render")
+        if any(f is None for f in frames):
+            return None
+        return np.concatenate(frames)
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """``env.<name>(*args, **kwargs)`` on every single env; picklable results in env order."""
+        self._begin("call")
+        self._send_all("call", [(name, args, kwargs)] * self.num_procs)
+        return [value for shard in self._finish("call") for value in shard]
+
+    @property
+    def instructions(self) -> list[str] | None:
+        return self._instructions
+
+    @property
+    def pids(self) -> list[int | None]:
+        """Process ids of the workers (for monitoring and tests)."""
+        return [p.pid for p in self._procs]
+
+    @property
+    def processes(self) -> list[mp.process.BaseProcess]:
+        return list(self._procs)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Ask every worker to close its envs, then reap it (terminate, then kill, after ``timeout_s``)."""
+        if self._closed:
+            return
+        self._closed = True
+        polite = self._waiting is None  # with replies outstanding (or a dead peer) do not wait long
+        for conn, proc in zip(self._conns, self._procs):
+            if proc.is_alive():
+                try:
+                    conn.send_bytes(pickle.dumps(("close", None)))
+                except (BrokenPipeError, OSError):
+                    pass
+        deadline = time.monotonic() + (timeout_s if polite else min(timeout_s, 1.0))
+        for proc in self._procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=2.0)
+        for conn in self._conns:
+            conn.close()
+        if self._buffers is not None:
+            self._buffers.close()
+            self._buffers = None
+        self._waiting = None
+
+    def __del__(self) -> None:
+        try:
+            self.close(timeout_s=1.0)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass

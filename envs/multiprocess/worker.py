@@ -1,0 +1,163 @@
+"""The env worker process: its entry point, main loop and command handling.
+
+:func:`worker_main` runs in each worker process: it sets the worker's signals, CPU affinity,
+environment and thread budget before any simulator is imported, builds a
+:class:`~envs.serial.SerialVecEnv` over its shard of envs, reports the spaces, then serves
+commands until ``close`` or the parent's end: steps posted on its
+:class:`~envs.multiprocess.doorbell.Doorbell` (results written into the
+:class:`~envs.multiprocess.buffers.StepBuffers` block) and pickled commands from the pipe
+(``attach``, ``step``, ``chunk_step``, ``reset``, ``render``, ``call``, ``close``). Every error
+goes back to the parent as ``("error", (is_user_error, summary, traceback))``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+import cloudpickle
+
+from embodied.errors import UserError
+from envs.multiprocess.buffers import StepBuffers
+from envs.multiprocess.doorbell import DEFAULT_SPIN_S, WAKE, CommandWaiter, Doorbell, memory_fence
+
+#: Env vars that size the thread pools of torch/OpenMP/BLAS and of Mesa's llvmpipe/lavapipe in a
+#: worker: without them every worker starts a thread per core and N workers oversubscribe the cores.
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LP_NUM_THREADS")
+
+
+def worker_main(
+    index: int,
+    conn: Connection,
+    payload: bytes,
+    env_vars: dict[str, str],
+    threads: int,
+    cores: set[int] | None = None,
+    spin_s: float = DEFAULT_SPIN_S,
+) -> None:
+    """Entry point of worker ``index``: build a SerialVecEnv over its shard, then serve commands."""
+    # Ctrl-C reaches the whole process group; the parent handles it and closes us cleanly.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The parent's CPU affinity at construction (a forkserver started earlier may have another).
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)
+    # Before any simulator (or torch) import: the parent's environment (a forkserver started
+    # earlier may hold an older one), then the worker's thread budget.
+    os.environ.update(env_vars)
+    for key in THREAD_ENV_VARS:
+        os.environ[key] = str(threads)
+    _limit_torch_threads(threads)
+    venv = None
+    buffers: StepBuffers | None = None
+    rows = (0, 0)
+    try:
+        env_fns, instructions = cloudpickle.loads(payload)
+        from envs.serial import SerialVecEnv
+
+        venv = SerialVecEnv(env_fns, instructions)
+        _limit_torch_threads(threads)  # the simulator may have imported torch just now
+        conn.send(("ok", (venv.observation_space, venv.action_space)))
+        waiter = CommandWaiter(conn.fileno(), spin_s)
+        bell: Doorbell | None = None
+        last = 0  # the last step posted on the doorbell that this worker did
+        while True:
+            try:
+                posted = waiter.wait(bell, last)
+                message = b"" if posted else conn.recv_bytes()
+            except (EOFError, OSError):  # the parent is gone
+                break
+            if message == WAKE:  # a wake-up for a step seen already
+                continue
+            waiter.received()
+            if posted:
+                assert bell is not None and buffers is not None
+                memory_fence()  # the parent's actions, written before CMD
+                last = bell.command()
+                kind, reply = _step_shared(venv, buffers, rows)
+                if kind == Doorbell.PIPE:
+                    conn.send(reply)
+                bell.publish(last, kind)
+                waiter.replied()
+                continue
+            try:
+                command, arg = pickle.loads(message)
+                if command == "close":
+                    break
+                if command == "attach":
+                    (name, layout), rows = arg
+                    buffers = StepBuffers.attach(name, layout)
+                    bell = Doorbell(buffers.ctrl[index], conn)
+                    reply = ("ok", None)
+                else:
+                    reply = ("ok", _run_command(venv, command, arg))
+            except Exception as err:  # noqa: BLE001 - every error goes back to the parent
+                reply = ("error", _describe(err))
+            conn.send(reply)
+            waiter.replied()
+    except KeyboardInterrupt:
+        pass
+    except Exception as err:  # noqa: BLE001 - a failed env constructor
+        try:
+            conn.send(("error", _describe(err)))
+        except (BrokenPipeError, OSError):
+            pass
+    finally:
+        if buffers is not None:
+            buffers.close()
+        if venv is not None:
+            try:
+                venv.close()
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+        try:
+            conn.send(("ok", None))  # acknowledges "close"; fails harmlessly if the parent is gone
+        except (BrokenPipeError, OSError):
+            pass
+        conn.close()
+
+
+def _step_shared(venv: Any, buffers: StepBuffers, rows: tuple[int, int]) -> tuple[int, Any]:
+    """One step with this worker's rows of the block: (reply kind, the reply to pickle if PIPE)."""
+    start, end = rows
+    try:
+        extras = buffers.write(venv.step(buffers.actions[start:end].copy()), start, end)
+    except Exception as err:  # noqa: BLE001 - every error goes back to the parent
+        return Doorbell.PIPE, ("error", _describe(err))
+    if not extras:
+        return Doorbell.PLAIN, None
+    if len(extras) == 1 and "has_success" in extras:
+        return Doorbell.SUCCESS, None
+    return Doorbell.PIPE, ("ok", extras)
+
+
+def _run_command(venv: Any, command: str, arg: Any) -> Any:
+    if command == "step":
+        return venv.step(arg)
+    if command == "chunk_step":
+        return venv.chunk_step(arg)
+    if command == "reset":
+        return venv.reset(seed=arg)
+    if command == "render":
+        return venv.render()
+    if command == "call":
+        name, args, kwargs = arg
+        return [getattr(env, name)(*args, **kwargs) for env in venv.envs]
+    raise ValueError(f"unknown env worker command {command!r}")
+
+
+def _limit_torch_threads(threads: int) -> None:
+    torch = sys.modules.get("torch")
+    if torch is None:  # not imported (yet): it will read OMP_NUM_THREADS when it is
+        return
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
+def _describe(err: BaseException) -> tuple[bool, str, str]:
+    """(is_user_error, one-line summary, traceback text) of an exception; always picklable."""
+    return isinstance(err, UserError), f"{type(err).__name__}: {err}", traceback.format_exc()
