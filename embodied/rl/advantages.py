@@ -16,7 +16,6 @@ from typing import Any
 import torch
 
 from embodied.registry import Registry
-from embodied.rl._groups import as_float_rewards, group_reduce, has_spread, make_groups
 from embodied.rl._checks import (
     as_bool,
     check_floating,
@@ -27,6 +26,7 @@ from embodied.rl._checks import (
     check_tensor,
     masked_mean,
 )
+from embodied.rl._groups import as_float_rewards, group_reduce, has_spread, make_groups
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
