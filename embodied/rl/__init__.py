@@ -1,6 +1,9 @@
-"""RL math: advantage estimators and PPO/GRPO losses as pure, shape-checked torch functions.
+"""RL math: advantage estimators, PPO/GRPO losses and their aggregation as pure torch functions.
 
-Tensors are time-major ``(T, B)`` (rollout steps, parallel envs) or flat ``(N,)`` samples.
+Tensors are time-major ``(T, B)`` (rollout steps, parallel envs), flat ``(N,)`` samples, or
+``(B, K)`` tokens of ``B`` sequences (an LLM's response, a VLA's action tokens) with a bool mask.
+Names of options follow veRL (``loss_agg_mode``, ``clip_ratio_low/high/c``, ``kl_loss_type``,
+``rollout_is``); TRL's names map onto them through ``LOSS_AGG_ALIASES`` and ``TRL_IS_MODES``.
 """
 
 from embodied.rl.advantages import (
@@ -8,10 +11,32 @@ from embodied.rl.advantages import (
     gae,
     grpo_advantages,
     normalize_advantages,
+    rloo_advantages,
 )
+from embodied.rl.aggregation import (
+    LOSS_AGG_ALIASES,
+    LOSS_AGG_MODES,
+    LossAggAlias,
+    LossAggCounts,
+    LossAggMode,
+    agg_entropy,
+    agg_loss,
+    loss_agg_counts,
+    resolve_loss_agg_mode,
+)
+from embodied.rl.filtering import frac_reward_zero_std, zero_std_group_mask
+from embodied.rl.importance import (
+    TRL_IS_MODES,
+    ISLevel,
+    ISMode,
+    ISModeAlias,
+    rollout_is_weights,
+)
+from embodied.rl.kl import KL_ESTIMATORS, kl_penalty
 from embodied.rl.losses import (
     approx_kl,
     entropy_bonus,
+    policy_loss_per_token,
     ppo_loss,
     ppo_policy_loss,
     should_stop_early,
@@ -20,13 +45,33 @@ from embodied.rl.losses import (
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "KL_ESTIMATORS",
+    "LOSS_AGG_ALIASES",
+    "LOSS_AGG_MODES",
+    "TRL_IS_MODES",
+    "ISLevel",
+    "ISMode",
+    "ISModeAlias",
+    "LossAggAlias",
+    "LossAggCounts",
+    "LossAggMode",
+    "agg_entropy",
+    "agg_loss",
     "approx_kl",
     "entropy_bonus",
+    "frac_reward_zero_std",
     "gae",
     "grpo_advantages",
+    "kl_penalty",
+    "loss_agg_counts",
     "normalize_advantages",
+    "policy_loss_per_token",
     "ppo_loss",
     "ppo_policy_loss",
+    "resolve_loss_agg_mode",
+    "rloo_advantages",
+    "rollout_is_weights",
     "should_stop_early",
     "value_loss",
+    "zero_std_group_mask",
 ]

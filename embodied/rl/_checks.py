@@ -84,3 +84,32 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     total = torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum()
     count = mask.sum().clamp(min=1).to(x.dtype)
     return total / count
+
+
+def check_count(fn: str, name: str, value: object, *, positive: bool = False) -> None:
+    """``value`` is None, a non-negative (or, with ``positive``, > 0) number, or a 0-d tensor.
+
+    Counts arrive as Python numbers from a config or as 0-d tensors summed on the device (no host
+    sync), so only Python numbers can be range-checked here.
+    """
+    if value is None:
+        return
+    if isinstance(value, torch.Tensor):
+        if value.ndim != 0:
+            raise ValueError(
+                f"{fn}: `{name}` must be a number or a 0-d tensor, got shape {_fmt(value.shape)}"
+            )
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{fn}: `{name}` must be a number or a 0-d tensor, got {value!r}")
+    if positive and not value > 0:
+        raise ValueError(f"{fn}: `{name}` must be > 0, got {value}")
+    if not value >= 0:
+        raise ValueError(f"{fn}: `{name}` must be >= 0, got {value}")
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor | None, dim: int | None = None) -> torch.Tensor:
+    """Sum of ``x`` where ``mask`` is True; padding is selected away, so NaN there cannot leak."""
+    if mask is not None:
+        x = torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return x.sum() if dim is None else x.sum(dim=dim)

@@ -1,4 +1,4 @@
-"""Advantage estimators: GAE for critic-based PPO, group-relative advantages for GRPO.
+"""Advantage estimators: GAE for critic-based PPO, group-relative advantages for GRPO and RLOO.
 
 Pure functions on time-major tensors. Shapes use ``T`` (rollout steps) and ``B`` (parallel
 envs); GRPO works on ``N`` flat samples (e.g. ``G`` groups of ``S`` rollouts from the same
@@ -26,12 +26,14 @@ from embodied.rl._checks import (
     check_tensor,
     masked_mean,
 )
+from embodied.rl._groups import as_float_rewards, group_reduce, has_spread, make_groups
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "gae",
     "grpo_advantages",
     "normalize_advantages",
+    "rloo_advantages",
 ]
 
 ADVANTAGE_ESTIMATORS: Registry[Callable[..., Any]] = Registry("advantage estimator")
@@ -186,49 +188,55 @@ def grpo_advantages(
             ``group_size`` that does not divide ``N``, or non-integer ``group_ids``.
     """
     fn = "grpo_advantages"
-    rewards = check_rank(fn, "rewards", rewards, 1, "(N,)")
-    num_samples = rewards.shape[0]
-    if (group_size is None) == (group_ids is None):
-        raise ValueError(f"{fn}: pass exactly one of `group_size` and `group_ids`")
+    rewards = as_float_rewards(fn, rewards)
     if eps < 0:
         raise ValueError(f"{fn}: `eps` must be >= 0, got {eps}")
-    if not rewards.is_floating_point():
-        rewards = rewards.to(torch.get_default_dtype())
+    groups = make_groups(fn, rewards, group_size, group_ids)
 
-    if group_size is not None:
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-            raise ValueError(f"{fn}: `group_size` must be a positive int, got {group_size!r}")
-        if num_samples % group_size != 0:
-            raise ValueError(
-                f"{fn}: N = {num_samples} rewards do not split into groups of "
-                f"group_size = {group_size} (N must be a multiple of group_size)"
-            )
-        num_groups = num_samples // group_size
-        group_index = torch.arange(num_samples, device=rewards.device) // group_size  # (N,)
-    else:
-        group_ids = check_shape(fn, "group_ids", group_ids, (num_samples,), "(N,)", "rewards")
-        if group_ids.is_floating_point() or group_ids.is_complex() or group_ids.dtype == torch.bool:
-            raise ValueError(f"{fn}: `group_ids` must be an integer tensor, got {group_ids.dtype}")
-        unique_ids, group_index = torch.unique(group_ids, return_inverse=True)
-        num_groups = unique_ids.numel()
-
-    def per_group(kind: str, source: torch.Tensor) -> torch.Tensor:  # (N,) -> (num_groups,)
-        if kind == "sum":
-            out = rewards.new_zeros(num_groups)
-            return out.index_add_(0, group_index, source)
-        fill = float("-inf") if kind == "amax" else float("inf")
-        out = rewards.new_full((num_groups,), fill)
-        return out.scatter_reduce_(0, group_index, source, reduce=kind, include_self=True)
-
-    counts = per_group("sum", torch.ones_like(rewards))  # (G,)
-    means = per_group("sum", rewards) / counts  # (G,)
-    centered = rewards - means[group_index]  # (N,)
-    constant = (per_group("amax", rewards) == per_group("amin", rewards))[group_index]  # (N,)
+    counts = group_reduce(groups, torch.ones_like(rewards), "sum")  # (G,)
+    means = group_reduce(groups, rewards, "sum") / counts  # (G,)
+    centered = rewards - means[groups.index]  # (N,)
+    constant = ~has_spread(groups, rewards)[groups.index]  # (N,)
     if normalize_std:
-        variances = per_group("sum", centered.square()) / (counts - 1).clamp(min=1)  # (G,)
-        advantages = centered / (variances.sqrt()[group_index] + eps)
+        variances = group_reduce(groups, centered.square(), "sum") / (counts - 1).clamp(min=1)
+        advantages = centered / (variances.sqrt()[groups.index] + eps)
     else:
         advantages = centered
+    return torch.where(constant, torch.zeros_like(advantages), advantages)
+
+
+@ADVANTAGE_ESTIMATORS.register("rloo")
+def rloo_advantages(
+    rewards: torch.Tensor,
+    group_size: int | None = None,
+    group_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """REINFORCE leave-one-out advantages (Kool et al. 2019; Ahmadian et al. 2024, RLOO).
+
+    Each sample's baseline is the mean reward of the *other* samples of its group::
+
+        A_i = r_i - (sum_g - r_i) / (n_g - 1) = n_g / (n_g - 1) * (r_i - mean_g)
+
+    which is unbiased (the baseline does not depend on the sample it is subtracted from). There is
+    no division by the std. A group of one has no other sample to compare with and gets 0, as
+    does a group whose rewards are all equal.
+
+    Args:
+        rewards: ``(N,)`` one scalar reward per rollout (integers are cast to float).
+        group_size: groups are consecutive runs of ``group_size`` samples.
+        group_ids: ``(N,)`` integer group label per sample, any values, in any order.
+            Pass exactly one of ``group_size`` and ``group_ids``.
+
+    Returns:
+        ``(N,)`` advantages, float, in the order of ``rewards``.
+    """
+    fn = "rloo_advantages"
+    rewards = as_float_rewards(fn, rewards)
+    groups = make_groups(fn, rewards, group_size, group_ids)
+    counts = group_reduce(groups, torch.ones_like(rewards), "sum")[groups.index]  # (N,)
+    sums = group_reduce(groups, rewards, "sum")[groups.index]  # (N,)
+    advantages = rewards - (sums - rewards) / (counts - 1).clamp(min=1)
+    constant = ~has_spread(groups, rewards)[groups.index]  # (N,), includes groups of one
     return torch.where(constant, torch.zeros_like(advantages), advantages)
 
 

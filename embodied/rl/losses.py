@@ -1,13 +1,18 @@
 """PPO / GRPO loss terms as pure functions.
 
-All per-sample inputs of one function share one shape: ``(N,)`` for a flat minibatch or
-``(T, B)`` for a time-major one; the functions reduce with a mean over the valid samples
-(``mask`` True, or all samples when ``mask`` is None). Losses are meant to be *minimized*.
+:func:`policy_loss_per_token` returns the per-token loss ``(B, K)`` (or per-action ``(B,)``)
+before aggregation, for an algorithm that aggregates with :func:`embodied.rl.agg_loss`
+(``loss_agg_mode``) and may split a minibatch into micro-batches. The other functions take
+per-sample inputs of one shape, ``(N,)`` for a flat minibatch or ``(T, B)`` for a time-major one,
+and reduce with a mean over the valid samples (``mask`` True, or all samples when ``mask`` is
+None): that is the ``token-mean`` of one whole minibatch. Losses are meant to be *minimized*.
 Statistics come back as detached 0-d tensors (no host sync per minibatch; call ``float()`` when
 logging).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -23,6 +28,7 @@ __all__ = [
     "approx_kl",
     "entropy_bonus",
     "ppo_loss",
+    "policy_loss_per_token",
     "ppo_policy_loss",
     "should_stop_early",
     "value_loss",
@@ -53,6 +59,194 @@ def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
     return torch.expm1(log_ratio) - log_ratio
 
 
+def _check_clip(
+    fn: str,
+    low: tuple[str, float],
+    high: tuple[str, float | None],
+    dual: tuple[str, float | None],
+) -> tuple[float, float]:
+    """Validate the clip parameters under the caller's argument names -> ``(eps_low, eps_high)``."""
+    (low_name, eps_low), (high_name, eps_high), (dual_name, dual_clip) = low, high, dual
+    if not 0.0 < eps_low < 1.0:
+        raise ValueError(f"{fn}: `{low_name}` must be in (0, 1), got {eps_low}")
+    if eps_high is not None and not eps_high > 0.0:
+        raise ValueError(f"{fn}: `{high_name}` must be > 0, got {eps_high}")
+    if dual_clip is not None and not dual_clip > 1.0:
+        raise ValueError(
+            f"{fn}: `{dual_name}` must be > 1 (it caps the loss of negative-advantage samples at "
+            f"-{dual_name} * A, which must lie above the clipped surrogate), got {dual_clip}"
+        )
+    return eps_low, eps_low if eps_high is None else eps_high
+
+
+class _Surrogate(NamedTuple):
+    """Per-element pieces of the clipped surrogate; every field has the inputs' shape."""
+
+    losses: torch.Tensor  # l, after dual clip; 0 where masked out
+    ratio: torch.Tensor  # r = exp(clamped log-ratio)
+    log_ratio: torch.Tensor  # log r, clamped to [-20, 20]
+    advantages: torch.Tensor  # A, 0 where masked out
+    clipped: torch.Tensor  # bool: the clipped branch is the larger one (r was clipped)
+    dual_active: torch.Tensor  # bool: A < 0 and the -c * A cap is active (all False if off)
+
+
+def _clipped_surrogate(
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor | None,
+    eps_low: float,
+    eps_high: float,
+    dual_clip: float | None,
+) -> _Surrogate:
+    """The PPO clipped surrogate with optional dual clip, per element (inputs already checked)."""
+    if mask is not None:
+        # Padding may hold NaN in the data-side inputs; 0 * NaN would still be NaN in the
+        # backward pass through torch.where, so replace it before it meets the gradient path.
+        old_logprobs = torch.where(mask, old_logprobs, new_logprobs.detach())
+        advantages = torch.where(mask, advantages, torch.zeros_like(advantages))
+    log_ratio = _log_ratio(new_logprobs, old_logprobs)
+    ratio = torch.exp(log_ratio)
+    unclipped_losses = -advantages * ratio
+    clipped_losses = -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    losses = torch.maximum(unclipped_losses, clipped_losses)
+    dual_active = torch.zeros_like(losses, dtype=torch.bool)
+    if dual_clip is not None:
+        negative = advantages < 0
+        bound = -dual_clip * advantages
+        dual_active = negative & (losses > bound)
+        losses = torch.where(negative, torch.minimum(losses, bound), losses)
+    return _Surrogate(
+        losses=losses,
+        ratio=ratio,
+        log_ratio=log_ratio,
+        advantages=advantages,
+        clipped=clipped_losses > unclipped_losses,
+        dual_active=dual_active,
+    )
+
+
+def _per_token_input(
+    fn: str, name: str, x: object, like: torch.Tensor, like_name: str
+) -> torch.Tensor:
+    """``x`` has ``like``'s shape, or is ``(B,)`` broadcast over the ``K`` tokens of ``(B, K)``."""
+    x = check_tensor(fn, name, x)
+    if like.ndim == 2 and tuple(x.shape) == tuple(like.shape[:1]):
+        x = x.unsqueeze(-1).expand(like.shape)
+    elif tuple(x.shape) != tuple(like.shape):
+        wanted = "(B,)" if like.ndim == 1 else "(B, K) or (B,)"
+        raise ValueError(
+            f"{fn}: `{name}` must have shape {wanted} to match `{like_name}` "
+            f"{tuple(like.shape)}, got {tuple(x.shape)}"
+        )
+    check_floating(fn, name, x)
+    return x
+
+
+def policy_loss_per_token(
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float | None = None,
+    clip_ratio_c: float | None = None,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token clipped policy loss of PPO / GRPO / DAPO, before aggregation (veRL "vanilla").
+
+    With ``r = exp(clamp(new_logprobs - old_logprobs, -20, 20))``, ``eps_low = clip_ratio_low``,
+    ``eps_high = clip_ratio_high`` (default ``eps_low``; DAPO's "clip-higher" uses 0.28) and
+    ``c = clip_ratio_c``, each element gets::
+
+        l = max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high))
+        l = min(l, -c * A)            if A < 0 and dual clip is on (Ye et al. 2020)
+        l = l * w                     with the importance weights w, if given
+
+    so for ``A > 0`` a ratio inside ``(1 + eps_low, 1 + eps_high]`` is *not* clipped, and for
+    ``A < 0`` the loss stops growing (gradient 0) once ``r > c``. Aggregate the result with
+    :func:`embodied.rl.agg_loss` (``loss_agg_mode``).
+
+    Works for the three policy kinds: an MLP passes ``(B,)`` action log-probs; a VLA or an LLM
+    passes ``(B, K)`` token log-probs with a ``(B, K)`` mask and ``(B,)`` (per-sequence) or
+    ``(B, K)`` advantages.
+
+    Args:
+        new_logprobs: ``(B, K)`` or ``(B,)``, log-probs under the policy being optimized; carries
+            the gradient.
+        old_logprobs: same shape, log-probs under the policy that collected the data (or the
+            recomputed "old" policy); no gradient.
+        advantages: same shape, or ``(B,)`` broadcast over the ``K`` tokens of each sequence.
+        mask: optional bool, same shape as ``new_logprobs``; True = valid token. Masked-out
+            entries of ``old_logprobs``, ``advantages`` and ``is_weights`` are never used and may
+            hold NaN; their loss is 0.
+        clip_ratio_low: ``eps_low`` in ``(0, 1)``.
+        clip_ratio_high: ``eps_high > 0``, or None for ``eps_low``.
+        clip_ratio_c: ``c > 1`` for dual clip, or None (off). veRL's config default is 3.0.
+        is_weights: optional importance weights (e.g. :func:`embodied.rl.rollout_is_weights`),
+            same shape as ``new_logprobs`` or ``(B,)``; multiplied in, detached.
+
+    Returns:
+        ``(loss_mat, stats)``: ``loss_mat`` has the shape of ``new_logprobs``; ``stats`` are
+        detached 0-d tensors over the valid elements, named as veRL / TRL log them:
+        ``pg_clipfrac`` (share where the clipped branch is the active one, i.e.
+        ``clipfrac_low + clipfrac_high``), ``clipfrac_low`` (``A < 0`` and ``r < 1 - eps_low``),
+        ``clipfrac_high`` (``A > 0`` and ``r > 1 + eps_high``), ``pg_clipfrac_lower`` (share
+        where the dual-clip cap is active; veRL's name, 0 when dual clip is off), ``ppo_kl``
+        (mean of ``-log r``, veRL's k1), ``approx_kl`` (mean of k3 ``(r - 1) - log r``, for
+        early stopping) and ``ratio_mean``. Weights do not enter the statistics.
+
+    Raises:
+        ValueError: on mismatched shapes, a non-bool mask, or out-of-range clip parameters.
+    """
+    fn = "policy_loss_per_token"
+    new_logprobs = check_tensor(fn, "new_logprobs", new_logprobs)
+    if new_logprobs.ndim not in (1, 2):
+        raise ValueError(
+            f"{fn}: `new_logprobs` must have shape (B, K) (per token) or (B,) (per action), "
+            f"got {tuple(new_logprobs.shape)}"
+        )
+    check_floating(fn, "new_logprobs", new_logprobs)
+    check_shape(fn, "old_logprobs", old_logprobs, new_logprobs.shape, "", "new_logprobs")
+    check_floating(fn, "old_logprobs", old_logprobs)
+    advantages = _per_token_input(fn, "advantages", advantages, new_logprobs, "new_logprobs")
+    if is_weights is not None:
+        is_weights = _per_token_input(fn, "is_weights", is_weights, new_logprobs, "new_logprobs")
+    if mask is not None:
+        mask = check_mask(fn, "mask", mask, new_logprobs.shape, "new_logprobs")
+    eps_low, eps_high = _check_clip(
+        fn,
+        ("clip_ratio_low", clip_ratio_low),
+        ("clip_ratio_high", clip_ratio_high),
+        ("clip_ratio_c", clip_ratio_c),
+    )
+
+    terms = _clipped_surrogate(
+        new_logprobs, old_logprobs, advantages, mask, eps_low, eps_high, clip_ratio_c
+    )
+    losses = terms.losses
+    if is_weights is not None:
+        weights = is_weights.detach()
+        if mask is not None:
+            weights = torch.where(mask, weights, torch.zeros_like(weights))
+        losses = losses * weights
+
+    with torch.no_grad():
+        ratio, adv = terms.ratio, terms.advantages
+        dtype = ratio.dtype
+        stats = {
+            "pg_clipfrac": masked_mean(terms.clipped.to(dtype), mask),
+            "clipfrac_low": masked_mean(((adv < 0) & (ratio < 1.0 - eps_low)).to(dtype), mask),
+            "clipfrac_high": masked_mean(((adv > 0) & (ratio > 1.0 + eps_high)).to(dtype), mask),
+            "pg_clipfrac_lower": masked_mean(terms.dual_active.to(dtype), mask),
+            "ppo_kl": masked_mean(-terms.log_ratio, mask),
+            "approx_kl": masked_mean(_k3(terms.log_ratio), mask),
+            "ratio_mean": masked_mean(ratio, mask),
+        }
+    return losses, {key: value.detach() for key, value in stats.items()}
+
+
 def ppo_policy_loss(
     new_logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -62,25 +256,17 @@ def ppo_policy_loss(
     clip_ratio_high: float | None = None,
     mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped surrogate policy loss of PPO (Schulman et al. 2017), with optional dual clip.
+    """Clipped surrogate policy loss of PPO (Schulman et al. 2017), averaged over valid samples.
 
-    With ``r = exp(new_logprobs - old_logprobs)``, ``eps_low = clip_ratio`` and
-    ``eps_high = clip_ratio_high`` (defaults to ``clip_ratio``; a larger value is DAPO's
-    "clip-higher"), the per-sample loss is::
+    The per-sample loss is the one of :func:`policy_loss_per_token` (``clip_ratio`` is its
+    ``clip_ratio_low``, ``dual_clip`` its ``clip_ratio_c``)::
 
         l = max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high))
+        l = min(l, -dual_clip * A)    if A < 0 and dual clip is on
 
-    which is ``-A * min(r, 1 + eps_high)`` for ``A > 0`` and ``-A * max(r, 1 - eps_low)`` for
-    ``A < 0``. For ``A < 0`` that is unbounded as ``r`` grows, so one sample the new policy made
-    far more likely can dominate the batch. Dual clip (Ye et al. 2020, "Mastering Complex Control
-    in MOBA Games with Deep RL"; as in verl and RLinf) caps it with ``c = dual_clip > 1``::
-
-        l = min(max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high)), -c * A)    if A < 0
-        l = max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high))                 if A >= 0
-
-    i.e. ``-A * min(max(r, 1 - eps_low), c)`` for ``A < 0``: the loss stops growing (and its
-    gradient is 0) once ``r > c``. The returned loss is the mean of ``l`` over valid samples.
-    The log-ratio is clamped to ``[-20, 20]`` before ``exp`` so extreme samples stay finite.
+    i.e. ``-A * min(r, 1 + eps_high)`` for ``A > 0`` and ``-A * min(max(r, 1 - eps_low), c)``
+    for ``A < 0``. The returned loss is the mean of ``l`` over valid samples: the ``token-mean``
+    aggregation of one whole minibatch. The log-ratio is clamped to ``[-20, 20]``.
 
     Args:
         new_logprobs: log pi_theta(a|s) under the policy being optimized, any shape ``S``
@@ -95,9 +281,10 @@ def ppo_policy_loss(
 
     Returns:
         ``(loss, stats)``: the scalar loss and detached scalar statistics over valid samples:
-        ``clip_fraction`` (share with ``r`` outside ``[1 - eps_low, 1 + eps_high]``),
-        ``approx_kl`` (k3 estimator ``(r - 1) - log r``, mean), ``ratio_mean`` and, when dual clip
-        is on, ``dual_clip_fraction`` (share of samples where the ``-c * A`` bound is active).
+        ``clip_fraction`` (share with ``r`` outside ``[1 - eps_low, 1 + eps_high]``, whatever
+        the sign of ``A``), ``approx_kl`` (k3 estimator ``(r - 1) - log r``, mean),
+        ``ratio_mean`` and, when dual clip is on, ``dual_clip_fraction`` (share of samples where
+        the ``-c * A`` bound is active).
 
     Raises:
         ValueError: on mismatched shapes, a non-bool mask, or out-of-range clip parameters.
@@ -111,43 +298,27 @@ def ppo_policy_loss(
     )
     if mask is not None:
         mask = check_mask(fn, "mask", mask, new_logprobs.shape, "new_logprobs")
-    if not 0.0 < clip_ratio < 1.0:
-        raise ValueError(f"{fn}: `clip_ratio` must be in (0, 1), got {clip_ratio}")
-    if clip_ratio_high is not None and not clip_ratio_high > 0.0:
-        raise ValueError(f"{fn}: `clip_ratio_high` must be > 0, got {clip_ratio_high}")
-    if dual_clip is not None and not dual_clip > 1.0:
-        raise ValueError(
-            f"{fn}: `dual_clip` must be > 1 (it caps the loss of negative-advantage samples at "
-            f"-dual_clip * A, which must lie above the clipped surrogate), got {dual_clip}"
-        )
-    eps_low = clip_ratio
-    eps_high = clip_ratio if clip_ratio_high is None else clip_ratio_high
-
-    if mask is not None:
-        # Padding may hold NaN in the data-side inputs; 0 * NaN would still be NaN in the
-        # backward pass through torch.where, so replace it before it meets the gradient path.
-        old_logprobs = torch.where(mask, old_logprobs, new_logprobs.detach())
-        advantages = torch.where(mask, advantages, torch.zeros_like(advantages))
-    log_ratio = _log_ratio(new_logprobs, old_logprobs)
-    ratio = torch.exp(log_ratio)
-    clipped_ratio = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
-    losses = torch.maximum(-advantages * ratio, -advantages * clipped_ratio)
-    if dual_clip is not None:
-        negative = advantages < 0
-        bound = -dual_clip * advantages
-        dual_active = negative & (losses > bound)
-        losses = torch.where(negative, torch.minimum(losses, bound), losses)
-    loss = masked_mean(losses, mask)
+    eps_low, eps_high = _check_clip(
+        fn,
+        ("clip_ratio", clip_ratio),
+        ("clip_ratio_high", clip_ratio_high),
+        ("dual_clip", dual_clip),
+    )
+    terms = _clipped_surrogate(
+        new_logprobs, old_logprobs, advantages, mask, eps_low, eps_high, dual_clip
+    )
+    loss = masked_mean(terms.losses, mask)
 
     with torch.no_grad():
+        ratio = terms.ratio
         outside = ((ratio < 1.0 - eps_low) | (ratio > 1.0 + eps_high)).to(ratio.dtype)
         stats = {
             "clip_fraction": masked_mean(outside, mask),
-            "approx_kl": masked_mean(_k3(log_ratio), mask),
+            "approx_kl": masked_mean(_k3(terms.log_ratio), mask),
             "ratio_mean": masked_mean(ratio, mask),
         }
         if dual_clip is not None:
-            stats["dual_clip_fraction"] = masked_mean(dual_active.to(ratio.dtype), mask)
+            stats["dual_clip_fraction"] = masked_mean(terms.dual_active.to(ratio.dtype), mask)
     return loss, {key: value.detach() for key, value in stats.items()}
 
 

@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from embodied.errors import UserError
-from embodied.rl import ADVANTAGE_ESTIMATORS, gae, grpo_advantages, normalize_advantages
+from embodied.rl import (
+    ADVANTAGE_ESTIMATORS,
+    gae,
+    grpo_advantages,
+    normalize_advantages,
+    rloo_advantages,
+)
 
 
 def tensor(rows: list) -> torch.Tensor:
@@ -265,6 +271,19 @@ def test_grpo_singleton_group_gives_zero() -> None:
     assert_close(advantages, [0.0, -1 / (math.sqrt(2) + 1e-6), 1 / (math.sqrt(2) + 1e-6)])
 
 
+def test_grpo_never_nan_for_singletons_or_zero_spread_even_without_eps() -> None:
+    # Bessel's std of a group of one is 0/0 and of a constant group 0: with eps = 0 a naive
+    # (r - mean) / std is NaN for both. Every sample here is in such a group.
+    rewards = tensor([5.0, 2.0, 2.0, 2.0, -1.0, 0.0, 0.0])
+    group_ids = torch.tensor([0, 1, 1, 1, 2, 3, 3])  # singletons 0 and 2, constant 1 and 3
+    for normalize_std in (True, False):
+        advantages = grpo_advantages(
+            rewards, group_ids=group_ids, eps=0.0, normalize_std=normalize_std
+        )
+        assert advantages.tolist() == [0.0] * 7
+    assert grpo_advantages(tensor([3.0, 4.0]), group_size=1, eps=0.0).tolist() == [0.0, 0.0]
+
+
 def test_grpo_integer_rewards_are_cast_to_float() -> None:
     advantages = grpo_advantages(torch.tensor([1, 2, 3]), group_size=3, eps=0.0)
     assert advantages.dtype == torch.get_default_dtype()
@@ -289,6 +308,33 @@ def test_grpo_integer_rewards_are_cast_to_float() -> None:
 def test_grpo_rejects_bad_inputs(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         grpo_advantages(**kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# RLOO: the baseline is the mean of the *other* samples of the group
+# --------------------------------------------------------------------------------------------
+
+
+def test_rloo_leave_one_out_baseline() -> None:
+    # group A = [1, 2, 3]: 1 - (2 + 3) / 2 = -1.5;  2 - (1 + 3) / 2 = 0;  3 - (1 + 2) / 2 = 1.5
+    # group B = [0, 0, 4]: 0 - (0 + 4) / 2 = -2 (twice);  4 - (0 + 0) / 2 = 4
+    advantages = rloo_advantages(tensor(GRPO_REWARDS), group_size=3)
+    assert_close(advantages, [-1.5, 0.0, 1.5, -2.0, -2.0, 4.0])
+    # = n / (n - 1) * (r - mean): for group B, 3/2 * (4 - 4/3) = 4
+    shuffled = rloo_advantages(tensor([4.0, 1.0, 0.0]), group_ids=torch.tensor([2, 8, 2]))
+    assert_close(shuffled, [4.0, 0.0, -4.0])  # [4, 0] and the singleton [1]
+
+
+def test_rloo_singleton_and_constant_groups_give_zero() -> None:
+    advantages = rloo_advantages(tensor([7.0, 2.0, 2.0]), group_ids=torch.tensor([0, 1, 1]))
+    assert advantages.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_rloo_rejects_bad_inputs() -> None:
+    with pytest.raises(ValueError, match=r"rloo_advantages: pass exactly one"):
+        rloo_advantages(tensor(GRPO_REWARDS))
+    with pytest.raises(ValueError, match=r"rloo_advantages: N = 6 rewards do not split"):
+        rloo_advantages(tensor(GRPO_REWARDS), group_size=4)
 
 
 # --------------------------------------------------------------------------------------------
@@ -322,7 +368,8 @@ def test_normalize_advantages_rejects_bad_mask() -> None:
 
 
 def test_estimators_are_registered_by_name() -> None:
-    assert ADVANTAGE_ESTIMATORS.names() == ["gae", "grpo"]
+    assert ADVANTAGE_ESTIMATORS.names() == ["gae", "grpo", "rloo"]
+    assert ADVANTAGE_ESTIMATORS.get("rloo") is rloo_advantages
     assert ADVANTAGE_ESTIMATORS.get("gae") is gae
     assert ADVANTAGE_ESTIMATORS.get("grpo") is grpo_advantages
     estimator = ADVANTAGE_ESTIMATORS.get("grpo")
