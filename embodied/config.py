@@ -18,6 +18,7 @@ import textwrap
 import types
 import typing
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import yaml
@@ -145,9 +146,41 @@ def _unknown_key(cls: type, name: str, prefix: str, root: type | None) -> Config
     return ConfigError(f"Unknown config key {full!r}.{hint} Valid keys{where}: {', '.join(valid_here)}.")
 
 
+Alias = tuple[str, Callable[[Any], Any] | None]
+"""An alternative key of a config field: ``(canonical field name, value transform or None)``."""
+
+
+def aliases_of(cls: type) -> dict[str, Alias]:
+    """The ``ALIASES`` a config dataclass declares (a class attribute ``{alias: (field, transform)}``):
+    other frameworks' names for its keys, rewritten to the canonical ones before validation."""
+    return dict(getattr(cls, "ALIASES", {}) or {})
+
+
+def _resolve_aliases(cls: type, data: dict[str, Any], prefix: str) -> dict[str, Any]:
+    aliases = aliases_of(cls)
+    if not aliases:
+        return data
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in aliases:
+            out.setdefault(key, value)
+            continue
+        canonical, transform = aliases[key]
+        full_alias = f"{prefix}.{key}" if prefix else key
+        full = f"{prefix}.{canonical}" if prefix else canonical
+        if canonical in data:
+            raise ConfigError(f"Config keys {full_alias!r} and {full!r} are the same setting; give only {full!r}.")
+        try:
+            out[canonical] = transform(value) if transform is not None else value
+        except (KeyError, ValueError, TypeError) as err:
+            raise ConfigError(f"Config key {full_alias!r} (an alias of {full!r}): {err}") from None
+    return out
+
+
 def build_config(cls: type[C], data: dict[str, Any] | None = None, prefix: str = "", root: type | None = None) -> C:
-    """Instantiate dataclass ``cls`` from a nested dict, validating keys and types."""
-    data = dict(data or {})
+    """Instantiate dataclass ``cls`` from a nested dict, validating keys and types (aliases the class
+    declares in ``ALIASES`` are accepted and rewritten to their canonical keys)."""
+    data = _resolve_aliases(cls, dict(data or {}), prefix)
     root = root or cls
     names = {f.name for f in dataclasses.fields(cls)}
     for key in data:
@@ -256,7 +289,16 @@ def save_yaml(cfg: Any, path: str | Path) -> None:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The string literal under each field of a dataclass (attribute docstrings), by field name."""
+    """The string literal under each field of a dataclass (attribute docstrings), by field name,
+    including fields inherited from dataclass bases (a subclass's doc wins)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is not object and dataclasses.is_dataclass(klass):
+            docs.update(_own_field_docs(klass))
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError):

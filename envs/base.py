@@ -19,6 +19,7 @@ episode and ``final_obs`` holds the last observation of the finished one, for bo
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,8 +120,10 @@ class VecEnv(ABC):
     device: str | None = None
 
     @abstractmethod
-    def reset(self, seed: int | None = None) -> Obs:
-        """Reset every env; env i is seeded with ``seed + i`` when seed is given."""
+    def reset(self, seed: int | Sequence[int] | None = None) -> Obs:
+        """Reset every env: with an int, env i is seeded with ``seed + i``; with a sequence of
+        ``num_envs`` ints, env i with ``seed[i]`` (envs given the same seed start from the same
+        initial state: GRPO groups); None leaves the envs' generators as they are."""
 
     @abstractmethod
     def step(self, actions: Array) -> StepResult:
@@ -205,6 +208,18 @@ class VecEnv(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def env_seeds(seed: int | Sequence[int] | None, num_envs: int) -> list[int | None]:
+    """The seed of each of ``num_envs`` envs for ``VecEnv.reset(seed)`` (see there)."""
+    if seed is None:
+        return [None] * num_envs
+    if isinstance(seed, (int, np.integer)):
+        return [int(seed) + i for i in range(num_envs)]
+    seeds = [int(s) for s in seed]
+    if len(seeds) != num_envs:
+        raise ValueError(f"reset got {len(seeds)} seeds for {num_envs} envs")
+    return seeds
 
 
 def to_numpy(x: Array) -> np.ndarray:

@@ -29,13 +29,12 @@ class EnvConfig:
     0 = one per available core, at most one per env. The M2Flow plan sets it from the env's cores."""
     worker_spin_us: int = 200
     """Multiprocess backend: longest busy-wait (microseconds) of an env process for its next
-    command, used only while commands follow its replies that fast (a tight stepping loop; not
+    command, used only while commands follow its replies that fast (a tight stepping loop, not
     while a policy runs between steps) and only with no more processes than cores; and the window
-    around a step's typical duration in which the parent polls for its reply (after sleeping
-    through the rest), only with fewer processes than cores. 0 always blocks. Measured in tight
-    loops (benchmarks/results/env_worker_spin.json): both spins +30% steps/s for HalfCheetah at 8
-    envs per process, +7% at 32, +4% for PushCube's 3 ms steps, and no loss with a policy between
-    steps."""
+    around a step's typical duration in which the parent polls for its reply, only with fewer
+    processes than cores. Spinning pays off for fast simulators with few envs per process, where
+    a wake-up costs as much as a step; set 0 (always block) when cores are shared with other
+    work. docs/benchmarks.md has the measurements."""
     max_episode_steps: int | None = None
     """Time limit (truncation); None keeps the task's default."""
     ignore_terminations: bool = False
@@ -50,3 +49,19 @@ class EnvConfig:
     """Side of the frames ``VecEnv.render()`` returns for videos (where the adapter can set it)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments passed to the env constructor (e.g. ``control_mode``)."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.num_envs < 1:
+            problems.append(f"env.num_envs must be >= 1 (got {self.num_envs})")
+        if self.num_procs < 0:
+            problems.append(f"env.num_procs must be >= 0 (0: one per core; got {self.num_procs})")
+        if self.worker_spin_us < 0:
+            problems.append(f"env.worker_spin_us must be >= 0 (got {self.worker_spin_us})")
+        if self.max_episode_steps is not None and self.max_episode_steps < 1:
+            problems.append(f"env.max_episode_steps must be >= 1 or null (got {self.max_episode_steps})")
+        for key in ("image_size", "render_size"):
+            if getattr(self, key) < 8:
+                problems.append(f"env.{key} must be >= 8 pixels (got {getattr(self, key)})")
+        if problems:
+            raise ValueError("; ".join(problems))

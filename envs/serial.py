@@ -13,7 +13,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from envs.base import ChunkStepResult, EpisodeStats, Obs, StepResult, VecEnv, to_numpy
+from envs.base import ChunkStepResult, EpisodeStats, Obs, StepResult, VecEnv, env_seeds, to_numpy
 
 EnvFn = Callable[[], gym.Env]
 
@@ -94,7 +94,6 @@ class SerialVecEnv(VecEnv):
         # Plain Python numbers: the per-env loop updates them every step (numpy scalars cost more).
         self._returns = [0.0] * self.num_envs
         self._lengths = [0] * self.num_envs
-        self._seed: int | None = None
         self._episode_count = np.zeros(self.num_envs, np.int64)
         self._has_success = False
         self._closed = False
@@ -107,11 +106,10 @@ class SerialVecEnv(VecEnv):
         return obs
 
     # --- contract ------------------------------------------------------------------------------
-    def reset(self, seed: int | None = None) -> Obs:
-        self._seed = seed
+    def reset(self, seed: int | Sequence[int] | None = None) -> Obs:
         rows = _Rows(self.num_envs)
-        for i in range(self.num_envs):
-            rows.set(i, self._reset_one(i, None if seed is None else seed + i))
+        for i, env_seed in enumerate(env_seeds(seed, self.num_envs)):
+            rows.set(i, self._reset_one(i, env_seed))
         assert rows.arrays is not None
         return rows.arrays
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import textwrap
 from pathlib import Path
@@ -35,9 +36,10 @@ def _split_recipe(args: list[str]) -> tuple[str | None, list[str]]:
 
 
 def build_train_config(args: list[str]):
-    """The TrainConfig of ``embodied train ARGS`` (recipe, overrides, resume)."""
-    from pipelines.config import TrainConfig
+    """The config of ``embodied train ARGS`` (recipe, overrides, resume), of the schema of the
+    recipe's workflow."""
     from pipelines.recipes import DEFAULT_RECIPE, load_recipe
+    from pipelines.workflow import schema_of
 
     recipe, overrides = _split_recipe(args)
     resume = None
@@ -57,21 +59,23 @@ def build_train_config(args: list[str]):
         data.setdefault("run", {})["dir"] = resume
         if recipe is not None and recipe != data.get("recipe"):
             raise UserError(f"resume={resume} continues recipe {data.get('recipe')!r}; do not name another recipe ({recipe!r}).")
-        return apply_overrides(TrainConfig, data, rest)
+        return apply_overrides(schema_of(data), data, rest)
     _, data = load_recipe(recipe or DEFAULT_RECIPE)
-    return apply_overrides(TrainConfig, data, rest)
+    return apply_overrides(schema_of(data), data, rest)
 
 
 def cmd_train(args: list[str]) -> int:
-    from pipelines.embodied_ppo import EmbodiedPPO
     from pipelines.preflight import preflight
     from pipelines.rundir import RunDir
+    from pipelines.runner import Runner
+    from pipelines.workflow import WORKFLOWS
 
     cfg = build_train_config(args)
     preflight(cfg)  # env id, policy vs action space: fail before a run dir is touched
+    workflow = WORKFLOWS.get(cfg.workflow).build(cfg)
     run = RunDir.create(cfg, resume=cfg.resume is not None)
     print(f"[embodied] recipe {cfg.recipe} -> {run.path}", flush=True)
-    summary = EmbodiedPPO(cfg, run).train()
+    summary = Runner(cfg, run, workflow).run()
     _print_summary(summary, run.path)
     return 0
 
@@ -89,9 +93,9 @@ def _print_summary(summary: dict[str, Any], run_dir: Path | None = None) -> None
 
 def cmd_eval(args: list[str]) -> int:
     from embodied.checkpoint import find_checkpoint, load_checkpoint
-    from pipelines.config import TrainConfig
-    from pipelines.embodied_ppo import evaluate_from_weights
+    from pipelines.embodied import evaluate_weights
     from pipelines.preflight import preflight
+    from pipelines.workflow import schema_of
 
     if not args:
         raise UserError("embodied eval needs a run dir or checkpoint: embodied eval RUN_DIR [episodes=N] [key=value ...]")
@@ -102,11 +106,11 @@ def cmd_eval(args: list[str]) -> int:
         raise UserError(f"No config.yaml next to checkpoint {ckpt}: expected {run_dir / 'config.yaml'}.")
     data = load_yaml(run_dir / "config.yaml")
     overrides = [f"eval.{o}" if o.split("=", 1)[0] in ("episodes", "num_envs", "deterministic", "video") else o for o in overrides]
-    cfg = apply_overrides(TrainConfig, {**data, "resume": None}, overrides)
+    cfg = apply_overrides(schema_of(data), {**data, "resume": None}, overrides)
     obs_space, action_space = preflight(cfg)
     model, _, state = load_checkpoint(ckpt)
     video_dir = (run_dir / "videos" / f"eval-{ckpt.name}") if cfg.eval.video else None
-    result = evaluate_from_weights(cfg, obs_space, action_space, model, video_dir)
+    result = evaluate_weights(cfg, obs_space, action_space, model, video_dir)
     result["checkpoint"] = str(ckpt)
     result["env_steps"] = state.get("env_steps")
     print(json.dumps(result, indent=2))
@@ -159,9 +163,22 @@ def register_command(name: str, fn, help_text: str) -> None:
     COMMANDS[name] = (fn, help_text)
 
 
+def _console_logging() -> None:
+    """User-facing lines of the ``embodied`` logger (INFO) on stdout, as plain messages."""
+    log = logging.getLogger("embodied")
+    if not any(getattr(h, "embodied_console", False) for h in log.handlers):
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.embodied_console = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
     import pipelines.plan_cli  # noqa: F401  (registers `embodied plan`)
 
+    _console_logging()
     parser = argparse.ArgumentParser(
         prog="embodied",
         description="Embodied: RL for embodied policies with an M2Flow planner.",

@@ -1,10 +1,13 @@
-"""The schema of a training run: ``embodied train RECIPE key=value ...`` builds a :class:`TrainConfig`."""
+"""The schema of an embodied training run: ``embodied train RECIPE key=value ...`` builds an
+:class:`EmbodiedConfig`. The sections every workflow shares (``run``, ``checkpoint``, ``cluster``,
+``logging``, ``plan``, ``eval``) are defined here too."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
 
+from embodied.algorithms import AlgoConfig
 from embodied.runtime.cluster import ClusterConfig
 from envs.config import EnvConfig
 from policies.config import PolicyConfig
@@ -12,69 +15,62 @@ from policies.config import PolicyConfig
 
 @dataclass
 class RunConfig:
-    """Where the run writes and how often."""
+    """Where the run writes."""
 
     dir: str | None = None
     """Run directory; default ``runs/<recipe>-<timestamp>``."""
-    checkpoint_every: int = 10
-    """Save a checkpoint every N iterations (and always at the end); 0 saves only at the end."""
-    keep_checkpoints: int = 3
-    """Number of most recent checkpoints kept on disk."""
     log_every_s: float = 10.0
-    """Seconds between plain log lines when stdout is not a terminal."""
+    """Seconds between plain progress lines when stdout is not a terminal."""
+
+    def __post_init__(self) -> None:
+        if self.log_every_s <= 0:
+            raise ValueError(f"run.log_every_s must be > 0 (got {self.log_every_s})")
 
 
 @dataclass
-class PPOConfig:
-    """Proximal Policy Optimization (``algo.*`` keys)."""
+class CheckpointConfig:
+    """When checkpoints are written and how many are kept (``checkpoint.*`` keys)."""
+
+    every: int = 10
+    """Save a checkpoint every N iterations (and always at the end); 0 saves only at the end.
+    Lower it when iterations are long and a crash would lose much work."""
+    keep: int = 3
+    """The most recent checkpoints kept on disk (at least 1)."""
+
+    def __post_init__(self) -> None:
+        if self.every < 0:
+            raise ValueError(f"checkpoint.every must be >= 0 (got {self.every})")
+        if self.keep < 1:
+            raise ValueError(f"checkpoint.keep must be >= 1 (got {self.keep})")
+
+
+@dataclass
+class EmbodiedAlgoConfig(AlgoConfig):
+    """The RL algorithm (``algo.*``): PPO or GRPO, and how much experience an iteration collects."""
 
     total_env_steps: int = 100_000
-    """Training budget in env steps (summed over all envs)."""
+    """Training budget in env steps (summed over all envs); the run does whole iterations."""
     rollout_steps: int = 128
-    """Decisions per env per iteration (the rollout length T): env steps, or action chunks of
-    ``policy.action_chunk`` env steps each."""
-    lr: float = 3e-4
-    """Adam learning rate."""
-    anneal_lr: bool = True
-    """Linearly decay the learning rate to 0 over the budget."""
-    gamma: float = 0.99
-    """Discount factor."""
-    gae_lambda: float = 0.95
-    """GAE lambda."""
-    epochs: int = 4
-    """Passes over each iteration's data."""
-    num_minibatches: int = 4
-    """Minibatches per epoch."""
-    clip_ratio: float = 0.2
-    """PPO ratio clip."""
-    dual_clip: float | None = None
-    """Dual-clip bound (> 1) for negative advantages; None disables it."""
-    value_clip: float | None = 0.2
-    """Clip of the value update around the old values; None disables it."""
-    ent_coef: float = 0.0
-    """Entropy bonus coefficient."""
-    vf_coef: float = 0.5
-    """Value loss coefficient."""
-    max_grad_norm: float = 0.5
-    """Gradient norm clip."""
-    target_kl: float | None = None
-    """Stop the epoch loop early when the approximate KL exceeds this; None never stops."""
-    norm_adv: bool = True
-    """Normalize advantages per minibatch."""
-    reward_scale: float = 1.0
-    """Multiply rewards by this before GAE."""
-    bootstrap_terminated: bool = False
-    """Bootstrap from the value of the final observation on termination too, as ManiSkill's own PPO
-    baselines do. For tasks that terminate on *success* this values reaching the goal like staying
-    there, not like a dead end (with a small gamma an agent otherwise learns to hover next to the
-    goal, collecting shaped reward). Leave it off where termination means failure (falling over)."""
+    """Decisions per env per iteration (T): env steps, or action chunks of ``policy.action_chunk``
+    env steps each. For GRPO it must cover an episode (one episode per env per iteration)."""
     staleness: int = 0
     """Weight versions the rollout may lag behind the trainer. 0: strictly on-policy (collect, then
-    train). 1: the trainer updates on the previous iteration's trajectories while the next ones are
-    collected with weights one version behind, so training overlaps simulation and inference (PPO's
-    ratio to the behaviour policy's log-probs accounts for the lag); the planner then gives the
-    trainer devices of its own where that is faster. A resumed run starts by collecting again: the
-    batch that awaited training at the checkpoint is not saved."""
+    train). 1: the trainer updates on the previous iteration's batch while the next one is collected
+    with weights one version behind (PPO's ratio to the behaviour policy accounts for the lag), so
+    training overlaps simulation and inference; the planner then gives the trainer devices of its
+    own where that is faster. A resumed run starts by collecting again."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        problems = []
+        if self.total_env_steps < 1:
+            problems.append(f"algo.total_env_steps must be >= 1 (got {self.total_env_steps})")
+        if self.rollout_steps < 1:
+            problems.append(f"algo.rollout_steps must be >= 1 (got {self.rollout_steps})")
+        if self.staleness not in (0, 1):
+            problems.append(f"algo.staleness must be 0 (on-policy) or 1 (train beside the next collection), got {self.staleness}")
+        if problems:
+            raise ValueError("; ".join(problems))
 
 
 @dataclass
@@ -103,6 +99,18 @@ class WorkersConfig:
     trainer_device: str = "cpu"
     """Device of the trainer: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``."""
 
+    def __post_init__(self) -> None:
+        problems = [f"workers.{k} must be > 0 (got {getattr(self, k)})"
+                    for k in ("env_cpus", "rollout_cpus", "trainer_cpus") if getattr(self, k) <= 0]
+        problems += [f"workers.{k} must be >= 1 (got {getattr(self, k)})"
+                     for k in ("rollout_threads", "trainer_threads") if getattr(self, k) < 1]
+        for k in ("rollout_device", "trainer_device"):
+            v = getattr(self, k)
+            if v not in ("cpu", "cuda", "auto") and not (v.startswith("cuda:") and v[5:].isdigit()):
+                problems.append(f"workers.{k} must be cpu, cuda, cuda:N or auto (got {v!r})")
+        if problems:
+            raise ValueError("; ".join(problems))
+
 
 @dataclass
 class EvalConfig:
@@ -118,6 +126,14 @@ class EvalConfig:
     """Take the policy's mode instead of sampling."""
     video: bool = False
     """Record the final evaluation to ``videos/`` as mp4 (envs that can render)."""
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1:
+            raise ValueError(f"eval.episodes must be >= 1 (got {self.episodes})")
+        if self.num_envs is not None and self.num_envs < 1:
+            raise ValueError(f"eval.num_envs must be >= 1 or null (got {self.num_envs})")
+        if self.every < 0:
+            raise ValueError(f"eval.every must be >= 0 (got {self.every})")
 
 
 @dataclass
@@ -154,14 +170,24 @@ class PlanConfig:
     offload: list[str] | None = None
     """Force these components (``trainer``) to offload between phases; None follows the plan."""
     replan_threshold: float = 0.25
-    """Re-plan between iterations when the measured iteration time differs from the prediction by
-    more than this fraction for two iterations in a row (0 disables re-planning)."""
+    """Re-plan between iterations when the median measured iteration time of a window of
+    iterations differs from the prediction by more than this fraction (0 disables re-planning)."""
+
+    def __post_init__(self) -> None:
+        if self.max_chunks < 1:
+            raise ValueError(f"plan.max_chunks must be >= 1 (got {self.max_chunks})")
+        if self.replan_threshold < 0:
+            raise ValueError(f"plan.replan_threshold must be >= 0 (got {self.replan_threshold})")
+        if self.offload is not None and set(self.offload) - {"env", "rollout", "trainer"}:
+            raise ValueError(f"plan.offload names components env, rollout or trainer (got {self.offload})")
 
 
 @dataclass
-class TrainConfig:
-    """A whole training run."""
+class EmbodiedConfig:
+    """A training run of an embodied policy: envs, rollout and trainer workers, PPO or GRPO."""
 
+    workflow: Literal["embodied"] = "embodied"
+    """The workflow this schema belongs to (set by the recipe; ``embodied`` here)."""
     recipe: str = ""
     """Name of the recipe this run started from."""
     description: str = ""
@@ -171,29 +197,26 @@ class TrainConfig:
     resume: str | None = None
     """A run dir to continue from its latest checkpoint."""
     run: RunConfig = field(default_factory=RunConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
-    algo: PPOConfig = field(default_factory=PPOConfig)
+    algo: EmbodiedAlgoConfig = field(default_factory=EmbodiedAlgoConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
 
     def __post_init__(self) -> None:
         problems = []
-        if self.algo.rollout_steps < 1:
-            problems.append(f"algo.rollout_steps must be >= 1 (got {self.algo.rollout_steps})")
-        if self.algo.num_minibatches < 1:
-            problems.append(f"algo.num_minibatches must be >= 1 (got {self.algo.num_minibatches})")
-        if self.algo.staleness not in (0, 1):
-            problems.append(f"algo.staleness must be 0 (on-policy) or 1 (train beside the next collection), got {self.algo.staleness}")
-        if self.algo.dual_clip is not None and self.algo.dual_clip <= 1:
-            problems.append(f"algo.dual_clip must be > 1 (got {self.algo.dual_clip})")
         if self.plan.chunks is not None and not 1 <= self.plan.chunks <= self.env.num_envs:
             problems.append(f"plan.chunks must be between 1 and env.num_envs={self.env.num_envs} (got {self.plan.chunks})")
         if self.workers.env < 1 or self.workers.rollout < 1:
             problems.append("workers.env and workers.rollout must be >= 1")
+        envs = self.workers.env * self.env.num_envs
+        if self.algo.name == "grpo" and envs % self.algo.group_size:
+            problems.append(f"GRPO starts envs in groups of algo.group_size={self.algo.group_size}: the "
+                            f"{envs} envs (workers.env x env.num_envs) must be a multiple of it")
         if problems:
             raise ValueError("; ".join(problems))
 

@@ -14,6 +14,7 @@ from envs.base import to_numpy
 from envs.config import EnvConfig
 from envs.registry import make_vec_env
 from envs.video import record_episodes
+from pipelines.collect import to_torch, with_instructions
 from policies.base import Policy
 
 
@@ -37,18 +38,15 @@ def evaluate_policy(
     quota = np.array([episodes // n + (1 if i < episodes % n else 0) for i in range(n)])
     env = make_vec_env(dataclasses.replace(env_cfg, num_envs=n), seed=seed)
     try:
+        act = Actor(policy, env, device, deterministic)
         obs = env.reset(seed=seed)
         done_count = np.zeros(n, int)
         rows: list[dict[str, float]] = []
-        low = getattr(env.action_space, "low", None)
         policy.eval()
         while (done_count < quota).any():
-            out = policy.act({k: torch.as_tensor(v, device=device) for k, v in obs.items()}, deterministic=deterministic)
-            actions = out.actions.cpu().numpy()
-            if low is not None:
-                actions = np.clip(actions, env.action_space.low, env.action_space.high)
             # an action chunk (N, C, *action_shape) is applied step by step; a finished episode
             # skips the rest of its chunk
+            actions = act(obs)
             res = env.chunk_step(actions) if policy.action_chunk > 1 else env.step(actions)
             for i in np.flatnonzero(to_numpy(res.episodes.done)):
                 if done_count[i] < quota[i]:
@@ -68,6 +66,24 @@ def evaluate_policy(
         "eval/success_rate": float(np.mean(successes)) if successes else None,
         "eval/episodes": len(rows),
     }
+
+
+class Actor:
+    """The env actions a policy takes in an env's observations (with the env's instructions,
+    de-tokenized and clipped to the action space's bounds)."""
+
+    def __init__(self, policy: Policy, env: Any, device: torch.device | str, deterministic: bool) -> None:
+        self.policy, self.device, self.deterministic = policy, device, deterministic
+        self.instructions = None if env.instructions is None else np.asarray(env.instructions, dtype=str)
+        low = getattr(env.action_space, "low", None)
+        self.bounds = None if low is None else (env.action_space.low, env.action_space.high)
+
+    @torch.no_grad()
+    def __call__(self, obs: Any) -> np.ndarray:
+        out = self.policy.act(to_torch(with_instructions(obs, self.instructions), torch.device(self.device)),
+                              deterministic=self.deterministic)
+        actions = (out.env_actions if out.env_actions is not None else out.actions).cpu().numpy()
+        return np.clip(actions, *self.bounds) if self.bounds is not None else actions
 
 
 def _episode_row(stats, i: int) -> list[dict[str, float]]:
@@ -91,22 +107,14 @@ def record_video(
     evaluation's (``env_cfg.num_envs``)."""
     num_envs = min(num_envs, env_cfg.num_envs)
     cfg = dataclasses.replace(env_cfg, num_envs=num_envs)
-    low = None
-
-    def act(obs):
-        out = policy.act({k: torch.as_tensor(v, device=device) for k, v in obs.items()}, deterministic=deterministic)
-        actions = out.actions.cpu().numpy()
-        return np.clip(actions, low[0], low[1]) if low is not None else actions
-
     try:
         env = make_vec_env(cfg, seed=seed)
     except Exception as err:  # a missing renderer must not cost the user the evaluation
         warnings.warn(f"no evaluation video: {err}", stacklevel=2)
         return None
     try:
-        if hasattr(env.action_space, "low"):
-            low = (env.action_space.low, env.action_space.high)
-        return record_episodes(env, act, video_dir, name="eval", num_episodes=1, seed=seed, max_envs=num_envs)
+        return record_episodes(env, Actor(policy, env, device, deterministic), video_dir, name="eval", num_episodes=1,
+                               seed=seed, max_envs=num_envs)
     except Exception as err:
         warnings.warn(f"no evaluation video: {err}", stacklevel=2)
         return None

@@ -1,4 +1,4 @@
-"""M2Flow for embodied PPO: profile the real components, plan, and lay the plan onto workers.
+"""M2Flow for the embodied workflow: profile the real components, plan, and lay the plan onto workers.
 
     profile = profile_embodied(cfg, cluster)     # measured, cached per env, policy and hardware
     result = plan_embodied(cfg, profile)          # scheduler.plan: ranked candidates
@@ -8,17 +8,15 @@ On CPU every core is a device: a component placed on cores {0} runs pinned there
 inherited by its env processes) with as many torch threads as cores. Probes measure what the
 workers run: a chunk's ``VecEnv.step`` at several chunk sizes and process counts (with the policy's
 inference between steps, as in the pipeline), the policy's
-inference at several batch sizes and thread counts, the trainer's PPO update per minibatch, a message between two
-Ray workers, and one offload/onload of the trainer's state.
+inference at several batch sizes and thread counts, the trainer's update (the configured algorithm) per
+minibatch, a message between two Ray workers, and one offload/onload of the trainer's state.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,24 +29,23 @@ from embodied.runtime import Channel, Cluster, RankResources, Worker, WorkerGrou
 from envs.base import to_numpy
 from envs.multiprocess import MultiprocessVecEnv
 from envs.registry import make_vec_env
-from pipelines.config import TrainConfig
-from pipelines.ppo import ppo_update
-from pipelines.workers import to_torch
+from embodied.algorithms import build_algorithm
+from embodied.rl import TrajectoryBatch, is_text
+from pipelines.collect import to_torch, with_instructions
+from pipelines.config import EmbodiedConfig
+from pipelines.workflow import Layout, cpu_resources
 from policies.registry import build_policy
-from scheduler import ComponentProfile, CostModel, Plan, PlanResult, Profile, Resources, Workflow, plan
+from scheduler import ComponentProfile, PlanResult, Profile, Resources, Workflow, plan
 
 MIB = 2**20
-GIB = 2**30
 
 
-def resources_of(cfg: TrainConfig) -> Resources:
+def resources_of(cfg: EmbodiedConfig) -> Resources:
     """This machine as planner devices: one device per CPU core the run may use."""
-    cores = cfg.cluster.num_cpus or len(os.sched_getaffinity(0))
-    total_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
-    return Resources.cpu_cores(cores, total_gib / cores)
+    return cpu_resources(cfg.cluster.num_cpus)
 
 
-def workflow_of(cfg: TrainConfig) -> Workflow:
+def workflow_of(cfg: EmbodiedConfig) -> Workflow:
     num_envs = cfg.env.num_envs * cfg.workers.env
     samples = num_envs * cfg.algo.rollout_steps
     return Workflow.embodied(
@@ -60,7 +57,7 @@ def workflow_of(cfg: TrainConfig) -> Workflow:
     )
 
 
-def _setup_key(cfg: TrainConfig, backend: str) -> dict[str, Any]:
+def _setup_key(cfg: EmbodiedConfig, backend: str) -> dict[str, Any]:
     """What a profile depends on (besides the hardware)."""
     return {
         "env": to_dict(dataclasses.replace(cfg.env, num_procs=0, worker_spin_us=0)),  # probes never spin
@@ -76,20 +73,20 @@ def _probe_sizes(n: int) -> list[int]:
 
 
 def _tile(obs: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
-    """A batch of ``size`` observations made of the rows of ``obs``."""
+    """A batch of ``size`` observations made of the rows of ``obs`` (instructions included)."""
     idx = np.arange(size) % next(iter(obs.values())).shape[0]
-    return {k: np.ascontiguousarray(to_numpy(v)[idx]) for k, v in obs.items()}
+    return {k: np.ascontiguousarray(v[idx] if is_text(v) else to_numpy(v)[idx]) for k, v in obs.items()}
 
 
 def _obs_mib_per_env(obs: dict[str, Any]) -> float:
-    return sum(to_numpy(v)[0].nbytes for v in obs.values()) / MIB
+    return sum((v[0].nbytes if is_text(v) else to_numpy(v)[0].nbytes) for v in obs.values()) / MIB
 
 
 #: Untimed and timed env steps per probed shape.
 ENV_PROBE_WARMUP, ENV_PROBE_REPEATS = 3, 8
 
 
-def _probe_env(cfg: TrainConfig, cores: int, log) -> tuple[Probe, dict[str, np.ndarray], Any, Any, Any]:
+def _probe_env(cfg: EmbodiedConfig, cores: int, log) -> tuple[Probe, dict[str, np.ndarray], Any, Any, Any]:
     """Time one VecEnv.step at chunk sizes N, N/2, N/4 (one process) and N over all cores.
 
     Between two timed steps the policy infers on the step's observation, as the rollout does in
@@ -109,7 +106,8 @@ def _probe_env(cfg: TrainConfig, cores: int, log) -> tuple[Probe, dict[str, np.n
         if isinstance(env, MultiprocessVecEnv) and cores > 1 and n > 1 and (n, min(cores, n)) not in shapes:
             shapes.append((n, min(cores, n)))
         try:
-            obs = env.reset(seed=cfg.seed)
+            instructions = None if env.instructions is None else np.asarray(env.instructions, dtype=str)
+            obs = with_instructions(env.reset(seed=cfg.seed), instructions)
             if obs_sample is None:
                 obs_sample, obs_space, action_space = obs, env.observation_space, env.action_space
                 policy = build_policy(cfg.policy, obs_space, action_space).eval()
@@ -128,7 +126,7 @@ def _probe_env(cfg: TrainConfig, cores: int, log) -> tuple[Probe, dict[str, np.n
                 result = env.step(actions) if chunk == 1 else env.chunk_step(actions)
                 seconds = time.perf_counter() - t0
                 with torch.no_grad():
-                    policy.act(to_torch(result.obs, torch.device("cpu")))
+                    policy.act(to_torch(with_instructions(result.obs, instructions), torch.device("cpu")))
                 return seconds
 
             for _ in range(ENV_PROBE_WARMUP):
@@ -143,7 +141,7 @@ def _probe_env(cfg: TrainConfig, cores: int, log) -> tuple[Probe, dict[str, np.n
     return probe, obs_sample, obs_space, action_space, policy
 
 
-def _probe_rollout(cfg: TrainConfig, policy, obs, cores: int, log) -> Probe:
+def _probe_rollout(cfg: EmbodiedConfig, policy, obs, cores: int, log) -> Probe:
     probe = Probe("rollout")
     before = torch.get_num_threads()
     try:
@@ -165,29 +163,31 @@ def _probe_rollout(cfg: TrainConfig, policy, obs, cores: int, log) -> Probe:
     return probe
 
 
-#: Minibatches of the trainer probe's one epoch: its per-update costs (GAE, the normalizer, the
-#: shuffle) spread over them as over an iteration's minibatches.
-ACTOR_PROBE_MINIBATCHES = 4
+#: Minibatches of the trainer probe's one epoch: its per-update costs (advantages, the normalizer,
+#: the shuffle) spread over them as over an iteration's minibatches.
+TRAINER_PROBE_MINIBATCHES = 4
 
 
-def _probe_trainer(cfg: TrainConfig, policy, obs, action_space, cores: int, log) -> tuple[Probe, float, float]:
-    """Time the trainer's own update (``ppo_update``: GAE, minibatch gathers, loss, backward,
-    gradient clipping, optimizer step, stats) on a synthetic batch of ACTOR_PROBE_MINIBATCHES
-    minibatches of the configured size (and half of it), per minibatch; one offload/onload."""
+def _probe_trainer(cfg: EmbodiedConfig, policy, obs, action_space, cores: int, log) -> tuple[Probe, float, float]:
+    """Time the trainer's own update (the algorithm's ``update``: advantages, minibatch gathers,
+    loss, backward, gradient clipping, optimizer step, stats) on a synthetic batch of
+    TRAINER_PROBE_MINIBATCHES minibatches of the configured size (and half of it), per minibatch;
+    one offload/onload."""
     probe = Probe("trainer")
-    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-4, eps=1e-5)
+    optimizer = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=1e-4, eps=1e-5)
     mb = workflow_of(cfg).train_minibatch
-    m = ACTOR_PROBE_MINIBATCHES
-    algo = dataclasses.replace(cfg.algo, epochs=1, num_minibatches=m, target_kl=None)
+    m = TRAINER_PROBE_MINIBATCHES
+    algorithm = build_algorithm(dataclasses.replace(cfg.algo, epochs=1, num_minibatches=m, target_kl=None))
+    reference = policy if algorithm.needs_reference else None
     before = torch.get_num_threads()
     try:
         for b in sorted({mb, max(1, mb // 2)}):
-            data = _synthetic_trajectories(policy, obs, b, m)
+            batch = synthetic_batch(policy, obs, b, m, cfg.algo.group_size, algorithm.needs_critic)
             for threads in sorted({1, cores}):
                 torch.set_num_threads(threads)
 
                 def update() -> None:
-                    ppo_update(policy, optimizer, data, algo, algo.lr, torch.device("cpu"))
+                    algorithm.update(policy, optimizer, batch, cfg.algo.lr, reference=reference)
 
                 seconds = time_call(update, warmup=1, repeats=3) / m
                 probe.add(b, threads, seconds)
@@ -200,31 +200,37 @@ def _probe_trainer(cfg: TrainConfig, policy, obs, action_space, cores: int, log)
     return probe, offload_s, onload_s
 
 
-def _synthetic_trajectories(policy, obs: dict[str, np.ndarray], batch: int, steps: int) -> dict[str, Any]:
-    """A (steps, batch) trajectory batch in the trainer's format: observations tiled from ``obs``,
-    actions, logprobs and values from the policy (so PPO's ratios start at 1), random rewards,
-    no episode ends."""
-    tiled = _tile(obs, batch)
+def synthetic_batch(policy, obs: dict[str, np.ndarray], envs: int, steps: int, group_size: int, values: bool) -> TrajectoryBatch:
+    """A (steps, envs) batch as a rollout would record it: observations tiled from ``obs``;
+    actions, logprobs (and values) from the policy, so PPO's ratios start at 1; random rewards and
+    success; every env's episode ends at the last step (so GRPO's groups of ``group_size`` envs
+    have outcomes and every decision enters its loss)."""
+    tiled = _tile(obs, envs)
     with torch.no_grad():
         out = policy.act(to_torch(tiled, torch.device("cpu")))
     rng = np.random.default_rng(0)
 
     def repeat(x: Any) -> np.ndarray:
-        return np.repeat(np.asarray(to_numpy(x))[None], steps, axis=0)  # (steps, batch, ...)
+        return np.repeat(np.asarray(to_numpy(x))[None], steps, axis=0)  # (steps, envs, ...)
 
-    values = repeat(out.values.float())
-    return {
-        "obs": {k: repeat(v) for k, v in tiled.items()},
-        "actions": repeat(out.actions),
-        "logprobs": repeat(out.logprobs.float()),
-        "values": values,
-        "rewards": rng.normal(size=values.shape).astype(np.float32),
-        "terminated": np.zeros(values.shape, bool),
-        "truncated": np.zeros(values.shape, bool),
-        "final_values": np.zeros(values.shape, np.float32),
-        "last_values": values[0].copy(),
-        "action_chunk": policy.action_chunk,
-    }
+    shape = (steps, envs, policy.action_chunk)
+    ends = np.zeros(shape, bool)
+    ends[-1, :, -1] = True
+    return TrajectoryBatch(
+        obs={k: repeat(v) for k, v in tiled.items()},
+        actions=repeat(out.actions),
+        logprobs=repeat(out.logprobs.float()),
+        rewards=rng.normal(size=shape).astype(np.float32),
+        terminated=np.zeros(shape, bool),
+        truncated=ends,
+        valid=np.ones(shape, bool),
+        values=repeat(out.values.float()) if values else None,
+        final_values=np.zeros(shape[:2], np.float32) if values else None,
+        last_values=to_numpy(out.values.float()).copy() if values else None,
+        action_mask=None if out.mask is None else repeat(out.mask),
+        success=rng.random(shape) < 0.5,
+        group_ids=np.arange(envs) // max(1, min(group_size, envs)),
+    ).check()
 
 
 class _Echo(Worker):
@@ -274,7 +280,7 @@ def _rank1(key: Any, n: int) -> int:
     return 1
 
 
-def profile_embodied(cfg: TrainConfig, cluster: Cluster, force: bool = False, log=print) -> Profile:
+def profile_embodied(cfg: EmbodiedConfig, cluster: Cluster, force: bool = False, log=print) -> Profile:
     """The measured profile of ``cfg``'s env, policy and trainer on this machine (cached)."""
     resources = resources_of(cfg)
     cores = len(resources)
@@ -326,7 +332,7 @@ more chunks mean more messages, and a prediction within noise does not pay for t
 MODE_RANK = {"colocated": 0, "disaggregated": 1, "hybrid": 2}
 
 
-def plan_embodied(cfg: TrainConfig, profile: Profile) -> PlanResult:
+def plan_embodied(cfg: EmbodiedConfig, profile: Profile) -> PlanResult:
     """Plan ``cfg``'s workflow on this machine; ``plan.mode`` / ``plan.chunks`` restrict the search.
 
     Among the candidates predicted within SIMPLICITY_MARGIN of the fastest, the one with the fewest
@@ -351,58 +357,16 @@ def prefer_simple(result: PlanResult, margin: float = SIMPLICITY_MARGIN) -> Plan
     return dataclasses.replace(result, best=plan_, best_timeline=timeline)
 
 
-@dataclass(frozen=True)
-class Layout:
-    """A plan as the runtime executes it: cores per component, chunks per env worker, offloads."""
-
-    plan: Plan
-    env_cores: tuple[int, ...]
-    rollout_cores: tuple[int, ...]
-    trainer_cores: tuple[int, ...]
-
-    @property
-    def num_chunks(self) -> int:
-        return self.plan.num_chunks
-
-    @classmethod
-    def of(cls, plan_: Plan, resources: Resources) -> Layout:
-        def cores(name: str) -> tuple[int, ...]:
-            devices = plan_.placement[name]
-            if any(resources.devices[d].kind != "cpu" for d in devices):
-                raise NotImplementedError("GPU placements are laid out by the CUDA device of each worker")
-            return tuple(sorted(devices))
-
-        return cls(plan_, cores("env"), cores("rollout"), cores("trainer"))
-
-    @classmethod
-    def unplanned(cls, cfg: TrainConfig) -> Layout:
-        """No profile: every component on every core, the chunks the user asked for (default 1)."""
-        n = len(resources_of(cfg))
-        everything = tuple(range(n))
-        placement = {"env": everything, "rollout": everything, "trainer": everything}
-        return cls(Plan("colocated", placement, cfg.plan.chunks or 1, None, (), float("nan")), everything, everything, everything)
-
-
-def rescale(profile: Profile, factors: dict[str, float]) -> Profile:
-    """The profile with each named component's costs multiplied by its factor (re-planning)."""
-    components = dict(profile.components)
-    for name, factor in factors.items():
-        c = components[name]
-        cost = CostModel(c.cost.fixed_s * factor, c.cost.per_item_s * factor, c.cost.scaling_exponent)
-        components[name] = dataclasses.replace(c, cost=cost)
-    return dataclasses.replace(profile, components=components)
-
-
-def measured_factors(profile: Profile, layout: Layout, cfg: TrainConfig, metrics: dict[str, Any]) -> dict[str, float]:
+def measured_factors(profile: Profile, layout: Layout, cfg: EmbodiedConfig, metrics: dict[str, Any]) -> dict[str, float]:
     """Measured / profiled seconds per call of env, rollout and trainer in one iteration."""
     T, k = cfg.algo.rollout_steps, layout.num_chunks
     workflow = workflow_of(cfg)
     chunk = math.ceil(workflow.num_envs / k)
-    env_pred = profile["env"].cost.time_s(math.ceil(cfg.env.num_envs / k), len(layout.env_cores)) * T * k
-    roll_pred = profile["rollout"].cost.time_s(chunk, len(layout.rollout_cores)) * (T + 1) * k
+    env_pred = profile["env"].cost.time_s(math.ceil(cfg.env.num_envs / k), len(layout.cores_of("env"))) * T * k
+    roll_pred = profile["rollout"].cost.time_s(chunk, len(layout.cores_of("rollout"))) * (T + 1) * k
     mb = layout.plan.train_microbatch or workflow.train_minibatch
     calls = cfg.algo.epochs * math.ceil(workflow.num_envs * T / mb)
-    trainer_pred = profile["trainer"].cost.time_s(mb, len(layout.trainer_cores)) * calls
+    trainer_pred = profile["trainer"].cost.time_s(mb, len(layout.cores_of("trainer"))) * calls
     measured = {"env": metrics["time/sim_s"], "rollout": metrics["time/infer_s"], "trainer": metrics["time/train_s"]}
     predicted = {"env": env_pred, "rollout": roll_pred, "trainer": trainer_pred}
     return {name: measured[name] / predicted[name] for name in measured if predicted[name] > 0 and measured[name] > 0}

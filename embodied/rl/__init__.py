@@ -40,8 +40,19 @@ from embodied.rl.losses import (
     ppo_loss,
     ppo_policy_loss,
     should_stop_early,
+    value_errors,
     value_loss,
 )
+from embodied.rl.returns import (
+    OutcomeKind,
+    bootstrap_rule,
+    chunk_bootstrap_discount,
+    chunk_rewards,
+    decision_ends,
+    first_episode_mask,
+    first_episode_outcome,
+)
+from embodied.rl.trajectory import Samples, TrajectoryBatch, is_text, micro_batches
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -72,6 +83,18 @@ __all__ = [
     "rloo_advantages",
     "rollout_is_weights",
     "should_stop_early",
+    "value_errors",
     "value_loss",
     "zero_std_group_mask",
+    "OutcomeKind",
+    "Samples",
+    "TrajectoryBatch",
+    "bootstrap_rule",
+    "chunk_bootstrap_discount",
+    "chunk_rewards",
+    "decision_ends",
+    "first_episode_mask",
+    "first_episode_outcome",
+    "is_text",
+    "micro_batches",
 ]

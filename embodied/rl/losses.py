@@ -31,6 +31,7 @@ __all__ = [
     "policy_loss_per_token",
     "ppo_policy_loss",
     "should_stop_early",
+    "value_errors",
     "value_loss",
 ]
 
@@ -322,6 +323,42 @@ def ppo_policy_loss(
     return loss, {key: value.detach() for key, value in stats.items()}
 
 
+def value_errors(
+    new_values: torch.Tensor,
+    old_values: torch.Tensor | None,
+    returns: torch.Tensor,
+    clip: float | None = None,
+) -> torch.Tensor:
+    """Per-sample squared value errors ``0.5 * (V - R)^2``, optionally clipped around the old values.
+
+    With ``clip = eps`` the new value is also clipped to ``V_clip = V_old + clip(V - V_old, -eps, eps)``
+    and the pessimistic (larger) error is used, ``0.5 * max((V - R)^2, (V_clip - R)^2)``, so moving
+    the value further than ``eps`` from ``V_old`` earns no reduction in loss (PPO2). Sum the result
+    and divide by the minibatch's sample count to get a loss that micro-batching does not change.
+
+    Args:
+        new_values: any shape ``S``, predictions of the critic being optimized.
+        old_values: ``S``, predictions at collection time; required only when ``clip`` is set.
+        returns: ``S``, value targets (e.g. GAE returns).
+        clip: ``eps > 0`` or None for no clipping.
+
+    Returns:
+        ``S``, differentiable w.r.t. ``new_values``.
+    """
+    fn = "value_errors"
+    _check_same_shape(fn, ("new_values", new_values), ("returns", returns))
+    errors = (new_values - returns).square()
+    if clip is not None:
+        if not clip > 0.0:
+            raise ValueError(f"{fn}: `clip` must be > 0 or None, got {clip}")
+        if old_values is None:
+            raise ValueError(f"{fn}: `old_values` is required when `clip` is set")
+        _check_same_shape(fn, ("new_values", new_values), ("old_values", old_values))
+        clipped_values = old_values + (new_values - old_values).clamp(-clip, clip)
+        errors = torch.maximum(errors, (clipped_values - returns).square())
+    return 0.5 * errors
+
+
 def value_loss(
     new_values: torch.Tensor,
     old_values: torch.Tensor | None,
@@ -329,20 +366,11 @@ def value_loss(
     clip: float | None = None,
     mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Squared-error value loss, optionally clipped around the old values (PPO2 style).
-
-    Unclipped: ``0.5 * mean((V - R)^2)``. With ``clip = eps``, the new value is also clipped to
-    ``V_clip = V_old + clip(V - V_old, -eps, eps)`` and the pessimistic (larger) error is used::
-
-        0.5 * mean(max((V - R)^2, (V_clip - R)^2))
-
-    so moving the value further than ``eps`` from ``V_old`` earns no reduction in loss.
+    """Squared-error value loss, optionally clipped around the old values (PPO2 style): the mean
+    of :func:`value_errors` over the valid samples, ``0.5 * mean(max((V - R)^2, (V_clip - R)^2))``.
 
     Args:
-        new_values: any shape ``S``, predictions of the critic being optimized.
-        old_values: ``S``, predictions at collection time; required only when ``clip`` is set.
-        returns: ``S``, value targets (e.g. GAE returns).
-        clip: ``eps > 0`` or None for no clipping.
+        new_values, old_values, returns, clip: see :func:`value_errors`.
         mask: optional bool ``S``, True = valid sample. Masked-out entries of ``old_values``
             and ``returns`` are never used and may hold NaN.
 
@@ -353,20 +381,11 @@ def value_loss(
     _check_same_shape(fn, ("new_values", new_values), ("returns", returns))
     if mask is not None:
         mask = check_mask(fn, "mask", mask, new_values.shape, "new_values")
-    if mask is not None:  # keep NaN padding in the targets out of the backward pass
+        # keep NaN padding in the targets out of the backward pass
         returns = torch.where(mask, returns, new_values.detach())
-    errors = (new_values - returns).square()
-    if clip is not None:
-        if not clip > 0.0:
-            raise ValueError(f"{fn}: `clip` must be > 0 or None, got {clip}")
-        if old_values is None:
-            raise ValueError(f"{fn}: `old_values` is required when `clip` is set")
-        _check_same_shape(fn, ("new_values", new_values), ("old_values", old_values))
-        if mask is not None:
+        if old_values is not None:
             old_values = torch.where(mask, old_values, new_values.detach())
-        clipped_values = old_values + (new_values - old_values).clamp(-clip, clip)
-        errors = torch.maximum(errors, (clipped_values - returns).square())
-    return 0.5 * masked_mean(errors, mask)
+    return masked_mean(value_errors(new_values, old_values, returns, clip), mask)
 
 
 def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -15,7 +15,7 @@ The protocol a class must follow (the shape of Isaac Lab's ``DirectRLEnv``)::
         single_observation_space: gym.spaces.Box | gym.spaces.Dict   # ONE env's space
         single_action_space: gym.spaces.Box                            # ONE env's space
             # (``observation_space``/``action_space`` are used when the ``single_*`` ones are absent)
-        def reset(self, seed: int | None = None) -> obs | tuple[obs, dict]: ...
+        def reset(self, seed: int | list[int] | None = None) -> obs | tuple[obs, dict]: ...  # a list: one seed per env
         def step(self, actions: Tensor) -> tuple[obs, reward, terminated, truncated, info]: ...
         def close(self) -> None: ...                  # optional
         def render(self) -> Tensor | None: ...        # optional, (N, H, W, 3) uint8
@@ -40,6 +40,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 from typing import TYPE_CHECKING
@@ -140,7 +141,7 @@ class BatchedVecEnv(VecEnv):
         return None
 
     # --- contract ------------------------------------------------------------------------------
-    def reset(self, seed: int | None = None) -> TorchObs:
+    def reset(self, seed: int | Sequence[int] | None = None) -> TorchObs:
         if "seed" in inspect.signature(self.env.reset).parameters:
             out = self.env.reset(seed=seed)
         else:

@@ -56,7 +56,7 @@ import functools
 import importlib.util
 import re
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -65,7 +65,7 @@ import numpy as np
 from embodied.errors import UserError, did_you_mean
 from envs.adapters.batched_adapter import BatchedVecEnv
 from envs.adapters.gymnasium_adapter import resolve_backend, unknown_kwarg, vectorize
-from envs.base import VecEnv
+from envs.base import VecEnv, env_seeds
 from envs.config import EnvConfig
 from envs.registry import register_adapter
 from envs.vulkan import ensure_vulkan_env
@@ -440,9 +440,9 @@ class ManiSkillBatchedEnv:
             out[key] = obs["sensor_data"][cam]["rgb"][..., :3]
         return out
 
-    def reset(self, seed: int | None = None) -> dict[str, Any]:
-        """Reset every env; env i is seeded with ``seed + i``."""
-        obs, _ = self.env.reset(seed=None if seed is None else [seed + i for i in range(self.num_envs)])
+    def reset(self, seed: int | Sequence[int] | None = None) -> dict[str, Any]:
+        """Reset every env; env i is seeded with ``seed + i`` (or ``seed[i]`` for a list)."""
+        obs, _ = self.env.reset(seed=None if seed is None else env_seeds(seed, self.num_envs))
         return self.observation(obs)
 
     def step(self, actions: Any) -> tuple[dict[str, Any], Any, Any, Any, dict[str, Any]]:

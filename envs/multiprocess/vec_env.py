@@ -24,7 +24,7 @@ import gymnasium as gym
 import numpy as np
 
 from embodied.errors import UserError
-from envs.base import Array, ChunkStepResult, Obs, StepResult, VecEnv, to_numpy
+from envs.base import Array, ChunkStepResult, Obs, StepResult, VecEnv, env_seeds, to_numpy
 from envs.multiprocess.buffers import StepBuffers
 from envs.multiprocess.concat import concat_chunk_results, concat_obs, concat_step_results
 from envs.multiprocess.doorbell import DEFAULT_SPIN_S, PARENT_SLICE_S, WAKE, Doorbell, ReplyWaiter, memory_fence
@@ -359,9 +359,10 @@ class MultiprocessVecEnv(VecEnv):
         return concat_chunk_results(self._finish("chunk_step"))
 
     # --- sync contract -----------------------------------------------------------------------------
-    def reset(self, seed: int | None = None) -> Obs:
+    def reset(self, seed: int | Sequence[int] | None = None) -> Obs:
         self._begin("reset")
-        self._send_all("reset", [None if seed is None else seed + start for start, _ in self.bounds])
+        seeds = env_seeds(seed, self.num_envs)
+        self._send_all("reset", [None if seed is None else seeds[start:end] for start, end in self.bounds])
         return concat_obs(self._finish("reset"))
 
     def step(self, actions: Array) -> StepResult:

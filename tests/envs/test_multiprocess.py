@@ -535,11 +535,13 @@ def test_no_spin_with_more_workers_than_cores():
 
 
 def test_negative_spin_is_a_user_error():
+    from embodied.config import build_config
     from envs.config import EnvConfig
-    from envs.registry import make_vec_env
 
     with pytest.raises(UserError, match="env.worker_spin_us must be >= 0"):
-        make_vec_env(EnvConfig(id="CartPole-v1", num_envs=2, backend="multiprocess", worker_spin_us=-5))
+        build_config(EnvConfig, {"id": "CartPole-v1", "num_envs": 2, "backend": "multiprocess", "worker_spin_us": -5})
+    with pytest.raises(UserError, match="env.worker_spin_us must be >= 0"):
+        MultiprocessVecEnv([functools.partial(cartpole, 1)] * 2, num_procs=2, spin_s=-5e-6)
 
 
 def test_tight_loop_results_unchanged_with_and_without_spin():

@@ -8,13 +8,15 @@ import pytest
 
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster, ClusterConfig
-from pipelines.config import TrainConfig
-from pipelines.planning import Layout, measured_factors, prefer_simple, profile_embodied, rescale, workflow_of
+from pipelines.config import EmbodiedConfig
+from pipelines.planning import measured_factors, prefer_simple, profile_embodied, workflow_of
+from pipelines.replan import rescale
+from pipelines.workflow import Layout
 from scheduler import ComponentProfile, CostModel, Plan, PlanResult, Profile, Resources, Timeline
 
 
-def _cfg(*overrides: str) -> TrainConfig:
-    return apply_overrides(TrainConfig, {}, ["env.id=CartPole-v1", "env.num_envs=8", "algo.rollout_steps=16", *overrides])
+def _cfg(*overrides: str) -> EmbodiedConfig:
+    return apply_overrides(EmbodiedConfig, {}, ["env.id=CartPole-v1", "env.num_envs=8", "algo.rollout_steps=16", *overrides])
 
 
 def _plan(mode: str, chunks: int, t: float, placement=None) -> Plan:
@@ -24,7 +26,7 @@ def _plan(mode: str, chunks: int, t: float, placement=None) -> Plan:
 
 def test_layout_maps_devices_to_cores():
     lay = Layout.of(_plan("hybrid", 3, 1.0), Resources.cpu_cores(2, 8.0))
-    assert (lay.env_cores, lay.rollout_cores, lay.trainer_cores, lay.num_chunks) == ((0,), (1,), (0, 1), 3)
+    assert (lay.cores_of("env"), lay.cores_of("rollout"), lay.cores_of("trainer"), lay.num_chunks) == ((0,), (1,), (0, 1), 3)
 
 
 def test_prefer_simple_takes_fewest_chunks_within_the_margin():
@@ -42,7 +44,7 @@ def test_rescale_and_measured_factors_by_hand():
         "trainer": ComponentProfile("trainer", CostModel(0.0, 0.001, 1.0)),   # 1 ms per sample on one core
     })
     cfg = _cfg("algo.epochs=2", "algo.num_minibatches=4")
-    lay = Layout(_plan("hybrid", 2, 1.0, {"env": (0,), "rollout": (1,), "trainer": (0, 1)}), (0,), (1,), (0, 1))
+    lay = Layout.of(_plan("hybrid", 2, 1.0, {"env": (0,), "rollout": (1,), "trainer": (0, 1)}), Resources.cpu_cores(2, 8.0))
     # T=16, k=2: env calls 32 of 4 envs -> 32 * 0.04 = 1.28 s predicted; rollout (T+1)*k = 34 calls -> 0.068 s;
     # trainer: 8 envs * 16 = 128 samples, minibatch 32, 2 epochs -> 8 calls of 32 * 0.001 / 2 = 0.016 s -> 0.128 s.
     measured = {"time/sim_s": 2.56, "time/infer_s": 0.068, "time/train_s": 0.064}
@@ -76,27 +78,30 @@ def test_profile_is_measured_then_cached(tmp_path, monkeypatch):
     assert workflow_of(cfg).num_envs == 8
 
 
-def test_trainer_probe_times_the_trainers_own_update(tmp_path, monkeypatch):
-    """The trainer's cost comes from ``ppo_update`` itself (the code the trainer runs: minibatch
-    gathers, clipping, stats), on (minibatches, minibatch size) batches of the configured size
-    and half of it, one epoch, divided per minibatch."""
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_trainer_probe_times_the_trainers_own_update(tmp_path, monkeypatch, algo):
+    """The trainer's cost comes from the configured algorithm's ``update`` itself (the code the
+    trainer runs: advantages, minibatch gathers, clipping, stats), on (minibatches, minibatch
+    size) batches of the configured size and half of it, one epoch, divided per minibatch."""
     import pipelines.planning as planning
+    from embodied.algorithms.base import Algorithm
 
-    calls: list[tuple[tuple[int, ...], int, int]] = []
-    real = planning.ppo_update
+    calls: list[tuple[str, tuple[int, ...], int, int]] = []
+    real = Algorithm.update
 
-    def spy(policy, optimizer, data, algo, lr, dev):
-        calls.append((data["rewards"].shape, algo.epochs, algo.num_minibatches))
-        return real(policy, optimizer, data, algo, lr, dev)
+    def spy(self, policy, optimizer, batch, lr, **kwargs):
+        calls.append((self.name, tuple(batch.rewards.shape[:2]), self.cfg.epochs, self.cfg.num_minibatches))
+        return real(self, policy, optimizer, batch, lr, **kwargs)
 
-    monkeypatch.setattr(planning, "ppo_update", spy)
+    monkeypatch.setattr(Algorithm, "update", spy)
     monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path))
-    cfg = _cfg("algo.num_minibatches=4")  # 8 envs x 16 steps -> minibatches of 32
+    extra = ["algo.name=grpo", "algo.group_size=4", "algo.outcome=return", "policy.kwargs={}"] if algo == "grpo" else []
+    cfg = _cfg("algo.num_minibatches=4", *extra)  # 8 envs x 16 steps -> minibatches of 32
     with Cluster(ClusterConfig(backend="local")) as cluster:
         prof = profile_embodied(cfg, cluster, log=lambda *_: None)
-    m = planning.ACTOR_PROBE_MINIBATCHES
-    assert {shape for shape, _, _ in calls} == {(m, 32), (m, 16)}
-    assert {(epochs, mbs) for _, epochs, mbs in calls} == {(1, m)}
+    m = planning.TRAINER_PROBE_MINIBATCHES
+    assert {shape for _, shape, _, _ in calls} == {(m, 32), (m, 16)}
+    assert {(name, epochs, mbs) for name, _, epochs, mbs in calls} == {(algo, 1, m)}
     assert {b for b, _, _ in prof.meta["probes"]["trainer"]} == {32, 16}
 
 

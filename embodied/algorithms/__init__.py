@@ -1,0 +1,13 @@
+"""RL algorithms as objects chosen by config (``algo.name``): PPO and GRPO, one file each.
+
+    algorithm = build_algorithm(cfg.algo)
+    metrics = algorithm.update(policy, optimizer, batch, lr)   # batch: a TrajectoryBatch
+
+The same code trains an MLP, a CNN, a token policy, a VLA and a language model: an algorithm only
+calls the policy contract's ``evaluate``.
+"""
+
+from embodied.algorithms.base import ALGORITHMS, Advantages, Algorithm, build_algorithm
+from embodied.algorithms.config import AlgoConfig
+
+__all__ = ["ALGORITHMS", "Advantages", "AlgoConfig", "Algorithm", "build_algorithm"]

@@ -1,0 +1,273 @@
+"""What every algorithm shares: the registry, the flattening of a batch into samples, and the update loop.
+
+An algorithm (``ppo.py``, ``grpo.py``) supplies three verbs and nothing else:
+
+* ``advantages(batch)``: from a rollout's facts to per-decision advantages (and value targets) and
+  the decisions that enter the loss;
+* ``loss(policy, minibatch, counts)``: the scalar to minimize on a (micro-)batch of samples, with
+  the minibatch's token and sequence counts as denominators, so micro-batching does not change it;
+* ``minibatch(samples)`` (optional): a transform of a whole minibatch before it is split into
+  micro-batches (PPO normalizes its advantages here).
+
+:meth:`Algorithm.update` runs the loop: epochs, shuffled minibatches, micro-batches with gradient
+accumulation, gradient clipping, a finite-gradient check, the optimizer step and early stopping on
+the KL. The policy is anything with the contract ``evaluate(obs, actions) -> (logprobs, entropy,
+values)`` (``policies.base.Policy``); nothing here branches on the model type.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from embodied.algorithms.config import AlgoConfig
+from embodied.registry import Registry
+from embodied.rl import (
+    LossAggCounts,
+    Samples,
+    TrajectoryBatch,
+    agg_entropy,
+    agg_loss,
+    is_text,
+    kl_penalty,
+    loss_agg_counts,
+    micro_batches,
+    policy_loss_per_token,
+    rollout_is_weights,
+    should_stop_early,
+)
+
+
+@dataclass
+class Advantages:
+    """What an algorithm's ``advantages`` derives from a batch (time-major, on the batch's device).
+
+    advantages: (T, B) per decision.
+    returns:    (T, B) value targets, or None for critic-free algorithms.
+    mask:       (T, B) bool, the decisions that enter the loss.
+    stats:      scalars to log (``grpo/frac_reward_zero_std``, ...).
+    """
+
+    advantages: torch.Tensor
+    returns: torch.Tensor | None
+    mask: torch.Tensor
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+class Algorithm(ABC):
+    """An RL algorithm: ``advantages`` + ``loss``; :meth:`update` is the shared training loop."""
+
+    name: ClassVar[str]
+    #: advantage estimators this algorithm can use (``algo.adv_estimator``)
+    estimators: ClassVar[tuple[str, ...]]
+
+    def __init__(self, cfg: AlgoConfig) -> None:
+        if cfg.estimator not in self.estimators:
+            from embodied.errors import ConfigError
+
+            raise ConfigError(
+                f"algo.name={self.name} estimates advantages with {' or '.join(self.estimators)}, not "
+                f"algo.adv_estimator={cfg.estimator!r}."
+            )
+        self.cfg = cfg
+
+    @property
+    def needs_critic(self) -> bool:
+        """Whether the rollout must record values (the policy needs a critic)."""
+        return False
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the trainer keeps a frozen reference policy (KL penalty)."""
+        return self.cfg.use_kl_loss
+
+    @property
+    def grouped(self) -> bool:
+        """Whether envs must start each iteration in groups from shared initial states (GRPO)."""
+        return False
+
+    # --- the verbs of an algorithm -----------------------------------------------------------------
+    @abstractmethod
+    def advantages(self, batch: TrajectoryBatch) -> Advantages:
+        """Per-decision advantages of a (torch) batch, and the decisions that enter the loss."""
+
+    @abstractmethod
+    def loss(self, policy: Any, mb: Samples, counts: LossAggCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss of a (micro-)batch; ``counts`` are the whole minibatch's token/sequence counts."""
+
+    def minibatch(self, mb: Samples) -> Samples:
+        """A transform of a whole minibatch before micro-batching (default: none)."""
+        return mb
+
+    def policy_objective(self, ev: Any, mb: Samples, counts: LossAggCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The policy's part of every algorithm's loss, aggregated with ``algo.loss_agg_mode`` over
+        the minibatch's counts: the clipped surrogate (clip-higher, dual clip, importance weights),
+        minus ``entropy_coeff`` times the entropy, plus ``kl_loss_coef`` times the KL to the
+        reference. ``ev`` is the policy's ``evaluate`` of the micro-batch."""
+        cfg = self.cfg
+        agg = dict(mode=cfg.loss_agg_mode, num_tokens=counts.num_tokens, num_seqs=counts.num_seqs,
+                   loss_scale_factor=cfg.loss_scale_factor)
+        per_token, stats = policy_loss_per_token(
+            ev.logprobs, mb.logprobs, mb.fields["advantages"], mb.mask,
+            clip_ratio_low=cfg.clip_low, clip_ratio_high=cfg.clip_high, clip_ratio_c=cfg.clip_ratio_c,
+            is_weights=mb.fields.get("is_weights"),
+        )
+        policy_loss = agg_loss(per_token, mb.mask, **agg)
+        entropy = agg_entropy(ev.entropy, mb.mask, **agg)
+        loss = policy_loss - cfg.entropy_coeff * entropy
+        out = {"losses/policy": policy_loss, "losses/entropy": entropy,
+               **{f"losses/{k}": v for k, v in stats.items()}}
+        if "ref_logprobs" in mb.fields:
+            kl = agg_loss(kl_penalty(ev.logprobs, mb.fields["ref_logprobs"], cfg.kl_loss_type, mb.mask), mb.mask, **agg)
+            loss = loss + cfg.kl_loss_coef * kl
+            out["losses/kl_to_reference"] = kl
+        return loss, {k: v.detach() for k, v in out.items()}
+
+    # --- shared machinery --------------------------------------------------------------------------
+    def samples(self, batch: TrajectoryBatch, adv: Advantages, policy: Any, reference: Any | None) -> Samples:
+        """The decisions ``adv.mask`` selects, flat (N = selected decisions), with the algorithm's
+        columns: ``advantages``, ``returns`` and ``old_values`` (critic), ``ref_logprobs`` (KL),
+        ``is_weights`` (rollout importance correction; ``logprobs`` are then the trainer's own)."""
+        cfg = self.cfg
+        T, B = batch.num_steps, batch.num_envs
+        keep = adv.mask.reshape(T * B)
+        rows = torch.nonzero(keep).squeeze(-1)
+        host_rows = rows.cpu().numpy()
+
+        def flat(x: Any) -> Any:
+            if is_text(x):
+                return np.asarray(x).reshape(T * B, *x.shape[2:])[host_rows]
+            return x.reshape(T * B, *x.shape[2:])[rows]
+
+        samples = Samples(
+            obs={k: flat(v) for k, v in batch.obs.items()},
+            actions=flat(batch.actions),
+            logprobs=flat(batch.logprobs).float(),
+            mask=None if batch.action_mask is None else flat(batch.action_mask).bool(),
+            fields={"advantages": flat(adv.advantages).float()},
+        )
+        if adv.returns is not None:
+            samples.fields["returns"] = flat(adv.returns).float()
+            samples.fields["old_values"] = flat(batch.values).float()
+        if len(samples) and cfg.rollout_is is not None:
+            trainer_logprobs = self._score(policy, samples)
+            weights, stats = rollout_is_weights(trainer_logprobs, samples.logprobs, samples.mask, level=cfg.rollout_is,
+                                                threshold=cfg.rollout_is_threshold, mode=cfg.rollout_is_mode)
+            samples.logprobs = trainer_logprobs
+            samples.fields["is_weights"] = weights
+            adv.stats.update({f"rollout_is/{k}": float(v) for k, v in stats.items()})
+        if len(samples) and self.needs_reference:
+            if reference is None:
+                raise RuntimeError(f"{self.name} with algo.use_kl_loss needs a reference policy")
+            samples.fields["ref_logprobs"] = self._score(reference, samples)
+        return samples
+
+    def _score(self, policy: Any, samples: Samples) -> torch.Tensor:
+        """Log-probabilities of the samples' actions under ``policy``, without gradients, in
+        micro-batches of ``algo.micro_batch_size``."""
+        index = torch.arange(len(samples), device=samples.actions.device)
+        with torch.no_grad():
+            parts = [policy.evaluate(samples[i].obs, samples[i].actions).logprobs.float()
+                     for i in micro_batches(index, self.cfg.micro_batch_size)]
+        return torch.cat(parts)
+
+    def update(
+        self,
+        policy: Any,
+        optimizer: torch.optim.Optimizer,
+        batch: TrajectoryBatch,
+        lr: float,
+        generator: torch.Generator | None = None,
+        reference: Any | None = None,
+        device: torch.device | str = "cpu",
+    ) -> dict[str, float]:
+        """Train ``policy`` on one rollout's batch: ``algo.epochs`` epochs of ``algo.num_minibatches``
+        shuffled minibatches, each accumulated over micro-batches of ``algo.micro_batch_size``.
+        Returns the metrics of the update (``losses/*``, ``charts/*``, and the algorithm's own)."""
+        cfg = self.cfg
+        batch = batch.to_torch(device)
+        adv = self.advantages(batch)
+        samples = self.samples(batch, adv, policy, reference)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        out: dict[str, float] = {**adv.stats, "charts/lr": lr, "charts/samples": float(len(samples))}
+        if len(samples) == 0:  # e.g. every group filtered out: nothing to learn from
+            out["losses/epochs"] = 0.0
+            return out
+        policy.update_normalizer(samples.obs)
+        meter = _Meter()
+        skipped = 0
+        epochs = 0
+        for _ in range(cfg.epochs):
+            epochs += 1
+            stop = False
+            for idx in samples.minibatches(cfg.num_minibatches, generator):
+                mb = self.minibatch(samples[idx])
+                counts = loss_agg_counts(mb.mask if mb.mask is not None else torch.ones(len(mb), dtype=torch.bool, device=idx.device))
+                optimizer.zero_grad(set_to_none=True)
+                local = torch.arange(len(mb), device=idx.device)
+                for part in micro_batches(local, cfg.micro_batch_size):
+                    loss, stats = self.loss(policy, mb[part], counts)
+                    loss.backward()
+                    meter.add(stats, weight=len(part) / len(mb))
+                grad_norm = torch.nn.utils.clip_grad_norm_(
+                    [p for g in optimizer.param_groups for p in g["params"]], cfg.max_grad_norm)
+                if not math.isfinite(float(grad_norm)):
+                    skipped += 1  # a non-finite gradient would poison the weights: skip this step
+                    optimizer.zero_grad(set_to_none=True)
+                else:
+                    optimizer.step()
+                meter.add({"losses/grad_norm": grad_norm}, weight=1.0)
+                step_stats = meter.step()
+                if should_stop_early(step_stats.get("losses/approx_kl", 0.0), cfg.target_kl):
+                    stop = True
+                    break
+            if stop:
+                break
+        out.update(meter.means())
+        out["losses/epochs"] = float(epochs)
+        out["losses/non_finite_steps"] = float(skipped)
+        return out
+
+
+class _Meter:
+    """Means over an update's optimizer steps of per-step statistics (a step's micro-batches
+    weighted by their share of its minibatch)."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, float] = {}
+        self.sums: dict[str, float] = {}
+        self.steps = 0
+
+    def add(self, stats: dict[str, Any], weight: float) -> None:
+        for k, v in stats.items():
+            self.current[k] = self.current.get(k, 0.0) + weight * float(v)
+
+    def step(self) -> dict[str, float]:
+        """Close the current optimizer step; returns its statistics."""
+        done, self.current = self.current, {}
+        for k, v in done.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+        self.steps += 1
+        return done
+
+    def means(self) -> dict[str, float]:
+        return {k: v / max(1, self.steps) for k, v in self.sums.items()}
+
+
+AlgorithmFactory = Callable[[AlgoConfig], Algorithm]
+ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
+
+
+def build_algorithm(cfg: AlgoConfig) -> Algorithm:
+    """The registered algorithm ``cfg.name`` for this config."""
+    import embodied.algorithms.grpo  # noqa: F401  (registers)
+    import embodied.algorithms.ppo  # noqa: F401
+
+    return ALGORITHMS.get(cfg.name)(cfg)

@@ -1,0 +1,72 @@
+"""GRPO (Shao et al. 2024, DeepSeekMath): no critic; each rollout is compared with its group.
+
+A group is G rollouts from the same start: G envs reset to one initial state (embodied), or G
+responses to one prompt (reasoning).
+
+    advantages:  each env's first episode in the batch is one rollout; its outcome (``success`` or
+                 the episode ``return``) is compared with its group's: ``(r - mean) / (std + eps)``
+                 (``grpo``; without the std for Dr. GRPO), or the leave-one-out baseline (``rloo``).
+                 Every decision of the episode gets the episode's advantage; decisions after it
+                 ended (the env auto-reset) stay out of the loss. With ``filter_groups``, groups
+                 whose outcomes have no spread stay out too (dynamic sampling).
+    loss:        clipped surrogate (clip-higher, dual clip) - entropy bonus + kl_loss_coef * KL to
+                 the reference, aggregated with ``loss_agg_mode``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from embodied.algorithms.base import ALGORITHMS, Advantages, Algorithm
+from embodied.rl import (
+    ADVANTAGE_ESTIMATORS,
+    LossAggCounts,
+    Samples,
+    TrajectoryBatch,
+    decision_ends,
+    first_episode_mask,
+    first_episode_outcome,
+    frac_reward_zero_std,
+    zero_std_group_mask,
+)
+
+
+@ALGORITHMS.register("grpo")
+class GRPO(Algorithm):
+    """Group-relative policy optimization: outcome rewards, no critic."""
+
+    name = "grpo"
+    estimators = ("grpo", "rloo")
+
+    @property
+    def grouped(self) -> bool:
+        return True
+
+    def advantages(self, batch: TrajectoryBatch) -> Advantages:
+        cfg = self.cfg
+        if batch.group_ids is None:
+            raise ValueError("GRPO needs group ids in the batch: the rollout did not start envs in groups")
+        group_ids = batch.group_ids.long()
+        outcome, finished = first_episode_outcome(
+            batch.rewards.float() * cfg.reward_scale, batch.valid, batch.terminated, batch.truncated,
+            batch.success, cfg.outcome,
+        )  # (B,)
+        options = {"normalize_std": cfg.norm_adv_by_std_in_grpo} if cfg.estimator == "grpo" else {}
+        per_env = ADVANTAGE_ESTIMATORS.get(cfg.estimator)(outcome, group_ids=group_ids, **options)  # (B,)
+        terminated, truncated, _ = decision_ends(batch.terminated, batch.truncated, batch.valid)
+        mask = first_episode_mask(terminated, truncated)  # (T, B)
+        if cfg.filter_groups:
+            mask = mask & zero_std_group_mask(outcome, group_ids)[None, :]
+        stats = {
+            "grpo/outcome_mean": float(outcome.mean()),
+            "grpo/frac_reward_zero_std": float(frac_reward_zero_std(outcome, group_ids)),
+            "grpo/unfinished_episodes": float((~finished).float().mean()),
+            "grpo/decisions_in_loss": float(mask.float().mean()),
+        }
+        return Advantages(per_env.expand_as(mask).contiguous(), None, mask, stats)
+
+    def loss(self, policy: Any, mb: Samples, counts: LossAggCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        ev = policy.evaluate(mb.obs, mb.actions)
+        return self.policy_objective(ev, mb, counts)

@@ -1,0 +1,235 @@
+"""The embodied workflow: env workers, rollout workers and a trainer, PPO or GRPO.
+
+The macro flow of one iteration, as plain sequential code::
+
+    rollout.load_weights(trainer.export_weights())      # versioned weight sync (WeightSyncer)
+    env.interact(T)  ||  rollout.generate(T)            # chunks pipelined through channels
+    trainer.train(trajectories)                         # the algorithm: advantages + update
+
+Where workers run and how the env batch is chunked comes from the plan (``plan.*``). With
+``algo.staleness=1`` the trainer updates on the previous iteration's batch while this one is
+collected. GRPO (``algo.name=grpo``) starts every iteration with the envs reset in groups from
+shared initial states.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from embodied.algorithms import build_algorithm
+from embodied.runtime import Channel, Cluster, GroupFuture, RankResources, WorkerGroup, wait_all
+from embodied.runtime.weights import state_of
+from pipelines.collect import resolve_device
+from pipelines.config import EmbodiedConfig
+from pipelines.evaluate import evaluate_policy
+from pipelines.planning import measured_factors, plan_embodied, profile_embodied, workflow_of
+from pipelines.workers import BlockRoute, EnvWorker, Pinning, RolloutWorker, TrainerWorker
+from pipelines.workflow import WORKFLOWS, Layout, Workflow, WorkflowSpec
+from policies.registry import build_policy
+from scheduler import PlanResult, Profile
+from scheduler import Workflow as PlannerWorkflow
+
+RETURN_WINDOW = 20
+MIN_THREAD_SCALING = 0.3  # fitted parallel efficiency below which extra cores get no threads
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LP_NUM_THREADS")
+
+
+class EmbodiedWorkflow(Workflow):
+    """Builds the worker groups and channels of the embodied macro flow and runs its iterations."""
+
+    components = ("env", "rollout", "trainer")
+
+    def __init__(self, cfg: EmbodiedConfig) -> None:
+        super().__init__(cfg)
+        self.algorithm = build_algorithm(cfg.algo)
+        self.layout: Layout | None = None
+        self.profile_: Profile | None = None
+        self.pending = False  # staleness 1: the last collection's batch awaits training
+        # train/* episode metrics average the last RETURN_WINDOW finished episodes: the episodes that
+        # finish inside one iteration alone are biased towards short ones.
+        self.recent: deque[dict[str, float]] = deque(maxlen=RETURN_WINDOW)
+
+    # --- sizes -------------------------------------------------------------------------------------
+    @property
+    def steps_per_iteration(self) -> int:
+        return self.cfg.steps_per_iteration
+
+    @property
+    def total_steps(self) -> int:
+        return self.cfg.algo.total_env_steps
+
+    # --- planning ----------------------------------------------------------------------------------
+    def planner_workflow(self) -> PlannerWorkflow:
+        return workflow_of(self.cfg)
+
+    def profile(self, cluster: Cluster, force: bool, log: Callable[[str], None]) -> Profile:
+        return profile_embodied(self.cfg, cluster, force=force, log=log)
+
+    def plan(self, profile: Profile) -> PlanResult:
+        return plan_embodied(self.cfg, profile)
+
+    def measured_factors(self, profile: Profile, layout: Layout, metrics: dict[str, Any]) -> dict[str, float]:
+        return measured_factors(profile, layout, self.cfg, metrics)
+
+    def _pinnings(self, layout: Layout, profile: Profile | None) -> tuple[Pinning, Pinning, Pinning]:
+        """Pinnings of a layout's components (unplanned: not pinned, configured threads)."""
+        w = self.cfg.workers
+        if profile is None:
+            return Pinning(None, w.rollout_threads), Pinning(None, w.rollout_threads), Pinning(None, w.trainer_threads)
+
+        def threads(component: str) -> int:
+            # One torch thread per core only where the probes showed the component scales with
+            # cores; small models run fastest on one thread (more threads only spin and contend).
+            cores = layout.cores_of(component)
+            return len(cores) if profile[component].cost.scaling_exponent >= MIN_THREAD_SCALING else 1
+
+        return (Pinning(layout.cores_of("env"), 1), Pinning(layout.cores_of("rollout"), threads("rollout")),
+                Pinning(layout.cores_of("trainer"), threads("trainer")))
+
+    def _trainer_offloads(self, layout: Layout) -> bool:
+        forced = self.cfg.plan.offload
+        return "trainer" in (forced if forced is not None else layout.plan.offload)
+
+    # --- running -----------------------------------------------------------------------------------
+    def build(self, cluster: Cluster, layout: Layout, profile: Profile | None) -> None:
+        cfg, w = self.cfg, self.cfg.workers
+        self.layout, self.profile_ = layout, profile
+        threads = {k: str(w.rollout_threads) for k in THREAD_ENV}
+        env_p, roll_p, trainer_p = self._pinnings(layout, profile)
+        gpu = lambda device: 1.0 if device.startswith("cuda") else 0.0  # noqa: E731
+        self.env = WorkerGroup(
+            cluster, EnvWorker, w.env, cfg, layout.num_chunks, env_p, self.algorithm.grouped, name="env",
+            resources=RankResources(w.env_cpus, env_vars=threads),
+        )
+        self.obs_space, self.action_space = self.env.call("spaces", ranks=[0]).result()
+        self.rollout = WorkerGroup(
+            cluster, RolloutWorker, w.rollout, cfg, self.obs_space, self.action_space, layout.num_chunks, roll_p,
+            self.algorithm.needs_critic, name="rollout", resources=RankResources(w.rollout_cpus, gpu(w.rollout_device), threads),
+        )
+        self.trainer = WorkerGroup(
+            cluster, TrainerWorker, 1, cfg, self.obs_space, self.action_space, trainer_p, self._trainer_offloads(layout),
+            name="trainer",
+            resources=RankResources(w.trainer_cpus, gpu(w.trainer_device), {k: str(w.trainer_threads) for k in THREAD_ENV}),
+        )
+        self._connect(layout)
+
+    def _connect(self, layout: Layout) -> None:
+        self.obs_channel = Channel("observations", self.rollout)
+        self.action_channel = Channel("actions", self.env, route=BlockRoute(layout.num_chunks))
+        self.traj_channel = Channel("trajectories", self.trainer)
+
+    def apply(self, layout: Layout) -> None:
+        env_p, roll_p, trainer_p = self._pinnings(layout, self.profile_)
+        wait_all(
+            self.env.call("configure", layout.num_chunks, env_p),
+            self.rollout.call("configure", layout.num_chunks, roll_p),
+            self.trainer.call("configure", trainer_p, self._trainer_offloads(layout)),
+        )
+        self.layout = layout
+        self._connect(layout)
+
+    def iterate(self, iteration: int, lr: float, last: bool) -> dict[str, Any]:
+        """Sync weights, collect T decisions from every env, train. With ``algo.staleness=1`` the
+        trainer updates on the previous iteration's batch while this one is collected (the first
+        iteration only collects; the ``last`` one also trains on its own batch)."""
+        cfg = self.cfg
+        assert self.layout is not None, "iterate() before build()"
+        t0 = time.perf_counter()
+        weights = self.trainer.call("export_weights")
+        self.rollout.call("load_weights", weights.handle(0)).wait()
+        t_sync = time.perf_counter()
+        T = cfg.algo.rollout_steps
+        env_f = self.env.call("interact", T, self.obs_channel, self.action_channel, iteration)
+        roll_f = self.rollout.call("generate", T, self.obs_channel, self.action_channel, self.traj_channel)
+        overlap = cfg.algo.staleness > 0
+        train_f = self._train_call(lr) if overlap and self.pending else None
+        wait_all(env_f, roll_f)
+        t_rollout = time.perf_counter()
+        stats: dict[str, Any] = train_f.result() if train_f is not None else {}
+        if not overlap or last:
+            stats = self._train_call(lr).result()
+            self.pending = False
+        else:
+            self.pending = True
+        t_train = time.perf_counter()
+
+        env_out, roll_out = env_f.wait(), roll_f.wait()
+        episodes = [e for out in env_out for e in out["episodes"]]
+        self.recent.extend(episodes)
+        steps = sum(int(out["env_steps"]) for out in env_out)  # taken (action chunks may end early)
+        plan = self.layout.plan
+        metrics: dict[str, Any] = {
+            "steps": steps,
+            **self._episode_metrics(episodes),
+            "perf/env_steps_per_s": steps / (t_train - t0),
+            "perf/rollout_env_steps_per_s": steps / (t_rollout - t_sync),
+            "time/sync_s": t_sync - t0,
+            "time/rollout_s": t_rollout - t_sync,
+            "time/overlap_wait_s": t_train - t_rollout if overlap else None,
+            "time/iteration_s": t_train - t0,
+            "time/sim_s": float(np.mean([o["sim_s"] for o in env_out])),
+            "time/infer_s": float(np.mean([o["infer_s"] for o in roll_out])),
+            "plan/chunks": plan.num_chunks,
+            "plan/mode": plan.mode,
+            "plan/predicted_iteration_s": plan.predicted_iteration_s if self.profile_ is not None else None,
+            "weights/version": roll_out[0]["version"],
+            **stats,
+        }
+        if self.profile_ is not None and "time/train_s" in stats:
+            metrics["plan/measured_over_predicted"] = metrics["time/iteration_s"] / plan.predicted_iteration_s
+        return metrics
+
+    def _train_call(self, lr: float) -> GroupFuture:
+        return self.trainer.call("train", self.traj_channel, self.rollout.num_ranks, lr)
+
+    def _episode_metrics(self, episodes: list[dict[str, float]]) -> dict[str, Any]:
+        window = list(self.recent)
+        out: dict[str, Any] = {"train/episodes": len(episodes)}
+        if window:
+            out["train/episode_return"] = float(np.mean([e["return"] for e in window]))
+            out["train/episode_length"] = float(np.mean([e["length"] for e in window]))
+            succ = [e["success"] for e in window if "success" in e]
+            out["train/success_rate"] = float(np.mean(succ)) if succ else None
+        else:
+            out["train/episode_return"] = None
+        return out
+
+    # --- state -------------------------------------------------------------------------------------
+    def trainer_state(self) -> dict[str, Any]:
+        return self.trainer.call("state").result()
+
+    def load_trainer_state(self, state: dict[str, Any]) -> None:
+        self.trainer.call("load_state", state["model"], state.get("optimizer"), state["version"], state.get("generator")).wait()
+
+    def evaluate(self, video_dir: Path | None) -> dict[str, Any]:
+        """Evaluate the trainer's current weights in this process."""
+        payload = self.trainer.call("export_weights").result()
+        return evaluate_weights(self.cfg, self.obs_space, self.action_space, state_of(payload), video_dir)
+
+
+def evaluate_weights(cfg: EmbodiedConfig, obs_space: Any, action_space: Any, state: dict[str, Any], video_dir: Path | None) -> dict[str, Any]:
+    """Build the policy, load ``state`` (all tensors, or the trainable ones over a frozen base) and
+    evaluate it on ``cfg.eval`` episodes."""
+    import torch
+
+    device = resolve_device(cfg.workers.rollout_device)
+    policy = build_policy(cfg.policy, obs_space, action_space).to(device)
+    missing, unexpected = policy.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()}, strict=False)
+    trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
+    if unexpected or trainable & set(missing):
+        raise ValueError(f"weights do not fit the policy: missing {sorted(trainable & set(missing))}, unexpected {sorted(unexpected)}")
+    return evaluate_policy(
+        policy, cfg.env, cfg.eval.episodes, seed=cfg.seed + 10_000_000,
+        num_envs=cfg.eval.num_envs or min(cfg.eval.episodes, cfg.env.num_envs),
+        deterministic=cfg.eval.deterministic, device=device, video_dir=video_dir,
+    )
+
+
+WORKFLOWS.add("embodied", WorkflowSpec(EmbodiedConfig, EmbodiedWorkflow),
+              doc="Env workers, rollout workers and a trainer: PPO or GRPO on an embodied policy.")

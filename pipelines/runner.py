@@ -1,0 +1,212 @@
+"""The Runner owns a run; a Workflow owns its workers and one iteration.
+
+    Runner(cfg, run_dir, workflow).run()
+
+The run, in order: seed; open the metrics sinks (``metrics.jsonl``, TensorBoard, wandb); start the
+cluster; profile and plan (``plan.json``, ``profile.json``); build the workflow's workers on the
+plan's layout; continue from the latest checkpoint on ``resume=``; then iterate until the budget is
+spent, with progress, metrics, evaluation every ``eval.every`` iterations, re-planning on drift
+(:mod:`pipelines.replan`) and checkpoints every ``checkpoint.every``; finally a checkpoint, the
+final evaluation (with its video) and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from embodied.checkpoint import load_checkpoint, save_checkpoint
+from embodied.config import to_dict
+from embodied.metrics import MetricsLogger, read_metrics
+from embodied.progress import Progress
+from embodied.runtime import Cluster
+from embodied.seeding import seed_everything
+from pipelines.replan import Replanner
+from pipelines.rundir import RunDir
+from pipelines.workflow import Layout, Workflow
+from scheduler import PlanResult, Profile
+
+LOG = logging.getLogger("embodied")
+
+
+class Runner:
+    """Runs ``workflow`` under ``cfg`` into ``run`` (None: no files, e.g. a benchmark)."""
+
+    def __init__(self, cfg: Any, run: RunDir | None, workflow: Workflow) -> None:
+        self.cfg = cfg
+        self.run_dir = run
+        self.workflow = workflow
+        self.iteration = 0
+        self.steps = 0
+        self.wall_s_before = 0.0
+        self.profile: Profile | None = None
+        self.layout: Layout | None = None
+        self.replanner = Replanner(workflow, cfg.plan.replan_threshold)
+
+    # --- setup -------------------------------------------------------------------------------------
+    def plan(self, cluster: Cluster) -> PlanResult | None:
+        """Profile (cached) and plan; sets :attr:`layout`. Returns the planner's result (None when
+        ``plan.profile=false``: every worker on every core, ``plan.chunks`` as given)."""
+        cfg = self.cfg
+        if not cfg.plan.profile:
+            self.layout = self.workflow.unplanned_layout()
+            return None
+        self.profile = self.workflow.profile(cluster, force=cfg.plan.reprofile, log=LOG.debug)
+        result = self.workflow.plan(self.profile)
+        self.layout = Layout.of(result.best, self.workflow.resources())
+        LOG.debug("[m2flow] candidate plans (predicted seconds per iteration):\n" + result.format_table(limit=8))
+        bound = f"; no plan below {result.bound.iteration_s:.3f} s" if result.bound is not None else ""
+        LOG.info(f"[m2flow] chosen: {result.best.mode}, {result.best.num_chunks} chunk(s), "
+                 f"predicted {result.best.predicted_iteration_s:.3f} s/iteration{bound}")
+        return result
+
+    def start(self, cluster: Cluster) -> PlanResult | None:
+        """Plan and build the workflow's workers (what a benchmark or test needs before iterating)."""
+        result = self.plan(cluster)
+        assert self.layout is not None
+        self.workflow.build(cluster, self.layout, self.profile)
+        return result
+
+    def resume(self) -> None:
+        """Continue from the run dir's latest checkpoint."""
+        assert self.run_dir is not None
+        model, optimizer, state = load_checkpoint(self.run_dir.path)
+        generator = state.get("generator")
+        self.workflow.load_trainer_state({
+            "model": model, "optimizer": optimizer, "version": state["version"],
+            "generator": None if generator is None else torch.tensor(generator, dtype=torch.uint8),
+        })
+        self.iteration = int(state["iteration"])
+        self.steps = int(state["env_steps"])
+        self.wall_s_before = float(state.get("wall_s", 0.0))
+        LOG.info(f"[embodied] resumed from {state['path']} at iteration {self.iteration}, {self.steps:,} env steps")
+
+    # --- the run loop ------------------------------------------------------------------------------
+    def lr(self) -> float:
+        """The learning rate of the next iteration (decayed linearly with ``algo.anneal_lr``)."""
+        algo = self.cfg.algo
+        if not algo.anneal_lr:
+            return algo.lr
+        return algo.lr * max(0.0, 1.0 - self.steps / self.workflow.total_steps)
+
+    def step(self) -> dict[str, Any]:
+        """One iteration of the workflow, counted; returns its metrics (``iteration``, ``env_steps``)."""
+        last = self.iteration + 1 >= self.workflow.total_iterations
+        metrics = self.workflow.iterate(self.iteration, self.lr(), last)
+        self.steps += int(metrics.pop("steps"))
+        self.iteration += 1
+        return {"iteration": self.iteration, "env_steps": self.steps, **metrics}
+
+    def run(self) -> dict[str, Any]:
+        """The whole run (see the module docstring); returns the summary."""
+        cfg, run = self.cfg, self.run_dir
+        assert run is not None, "Runner.run() writes a run dir"
+        seed_everything(cfg.seed)
+        logger = MetricsLogger(
+            run.path, to_dict(cfg), cfg.logging.tensorboard, cfg.logging.wandb,
+            cfg.logging.wandb_project, cfg.logging.wandb_mode, resume=cfg.resume is not None,
+        )
+        cluster = Cluster(cfg.cluster)
+        progress = None
+        try:
+            result = self.start(cluster)
+            self.save_plan(result)
+            if cfg.resume is not None:
+                self.resume()
+            total = self.workflow.total_iterations
+            # Whole iterations: the run does total_iterations * steps_per_iteration steps (>= the budget).
+            progress = Progress(total * self.workflow.steps_per_iteration, cfg.logging.progress, cfg.run.log_every_s, self.steps)
+            t_start = time.perf_counter()
+            last: dict[str, Any] = {}
+            while self.iteration < total:
+                metrics = self.step()
+                metrics["wall_s"] = self.wall_s_before + time.perf_counter() - t_start
+                if cfg.eval.every and self.iteration % cfg.eval.every == 0 and self.iteration < total:
+                    metrics.update(self.workflow.evaluate(video_dir=None))
+                self.watch_plan(metrics)
+                logger.log(metrics, step=self.steps)
+                progress.update(self.steps, metrics)
+                last = metrics
+                if cfg.checkpoint.every and self.iteration % cfg.checkpoint.every == 0:
+                    self.checkpoint(metrics["wall_s"])
+            progress.close()
+            progress = None
+            wall_s = self.wall_s_before + time.perf_counter() - t_start
+            self.checkpoint(wall_s)
+            final_eval = self.workflow.evaluate(video_dir=run.path / "videos" if cfg.eval.video else None)
+            summary = {
+                "recipe": cfg.recipe,
+                "iterations": self.iteration,
+                "env_steps": self.steps,
+                "wall_s": wall_s,
+                "train/episode_return": last.get("train/episode_return"),
+                "train/success_rate": last.get("train/success_rate"),
+                "perf/env_steps_per_s": self.mean_throughput(),
+                **final_eval,
+            }
+            logger.summary(summary)
+            return summary
+        finally:
+            if progress is not None:
+                progress.close()
+            logger.close()
+            self.workflow.close()
+            cluster.shutdown()
+
+    def watch_plan(self, metrics: dict[str, Any]) -> None:
+        """Re-plan when the measured iterations drift from the prediction (see :mod:`pipelines.replan`)."""
+        if self.profile is None or self.layout is None:
+            return
+        outcome = self.replanner.observe(self.iteration, metrics, self.profile, self.layout)
+        if outcome is None:
+            return
+        self.profile = outcome.profile
+        if outcome.changed:
+            self.workflow.apply(outcome.layout)
+        self.layout = outcome.layout
+        if outcome.reason:
+            LOG.info(f"[m2flow] {outcome.reason}")
+            metrics["plan/replanned"] = outcome.reason
+            self.save_plan(None)
+
+    def save_plan(self, result: PlanResult | None) -> None:
+        """Write the plan being executed (and the candidates it beat) to ``plan.json``."""
+        if self.run_dir is None or self.layout is None:
+            return
+        data: dict[str, Any] = {"plan": self.layout.plan.to_dict(), "planned": self.profile is not None}
+        if result is not None:
+            data["candidates"] = [
+                {"mode": m, "chunks": k, "placement": p, "predicted_s": t, "mean_utilization": u} for m, k, p, t, u in result.table()
+            ]
+            if result.bound is not None:
+                data["bound"] = result.bound.to_dict()
+        if self.profile is not None:
+            data["workflow"] = self.workflow.planner_workflow().to_dict()
+            (self.run_dir.path / "profile.json").write_text(json.dumps(self.profile.to_dict(), indent=2))
+        (self.run_dir.path / "plan.json").write_text(json.dumps(data, indent=2))
+
+    def mean_throughput(self) -> float | None:
+        """Mean env steps/s over every iteration of the run (resumed ones included)."""
+        assert self.run_dir is not None
+        rates = [r["perf/env_steps_per_s"] for r in read_metrics(self.run_dir.path) if r.get("perf/env_steps_per_s")]
+        return float(np.mean(rates)) if rates else None
+
+    def checkpoint(self, wall_s: float) -> Path:
+        assert self.run_dir is not None
+        state = self.workflow.trainer_state()
+        generator = state.get("generator")
+        return save_checkpoint(
+            self.run_dir.path / "checkpoints",
+            self.iteration,
+            state["model"],
+            state["optimizer"],
+            {"env_steps": self.steps, "version": state["version"], "wall_s": wall_s, "recipe": self.cfg.recipe,
+             "generator": None if generator is None else generator.tolist()},
+            keep=self.cfg.checkpoint.keep,
+        )

@@ -1,0 +1,169 @@
+"""A Workflow owns its worker groups, channels and one iteration; the Runner owns the run.
+
+    workflow = WORKFLOWS.get(cfg.workflow).build(cfg)   # embodied PPO/GRPO, reasoning GRPO, ...
+    Runner(cfg, run_dir, workflow).run()
+
+The Runner (``pipelines/runner.py``) drives every workflow the same way: profile and plan
+(:meth:`Workflow.profile`, :meth:`Workflow.plan`), build the workers on a layout, then
+:meth:`Workflow.iterate` until the budget is spent, with metrics, checkpoints
+(:meth:`Workflow.trainer_state`), evaluation (:meth:`Workflow.evaluate`) and re-planning on drift
+(:meth:`Workflow.measured_factors`). A new workflow implements these verbs and never copies the
+run loop.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from embodied.registry import Registry
+from embodied.runtime import Cluster
+from scheduler import Plan, PlanResult, Profile, Resources
+from scheduler import Workflow as PlannerWorkflow
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A plan as the runtime executes it: the CPU cores of each component, its chunks, offloads."""
+
+    plan: Plan
+    cores: dict[str, tuple[int, ...]]
+
+    @property
+    def num_chunks(self) -> int:
+        return self.plan.num_chunks
+
+    def cores_of(self, component: str) -> tuple[int, ...]:
+        return self.cores[component]
+
+    @classmethod
+    def of(cls, plan: Plan, resources: Resources) -> Layout:
+        """The cores of every component of ``plan`` (on CPU every core is a device)."""
+        cores = {}
+        for name, devices in plan.placement.items():
+            if any(resources.devices[d].kind != "cpu" for d in devices):
+                raise NotImplementedError("GPU placements are laid out by the CUDA device of each worker")
+            cores[name] = tuple(sorted(devices))
+        return cls(plan, cores)
+
+    @classmethod
+    def unplanned(cls, components: tuple[str, ...], num_cores: int, chunks: int) -> Layout:
+        """No profile: every component on every core, ``chunks`` chunks."""
+        everything = tuple(range(num_cores))
+        placement = {c: everything for c in components}
+        return cls(Plan("colocated", placement, chunks, None, (), math.nan), placement)
+
+
+def cpu_resources(num_cpus: int | None) -> Resources:
+    """This machine as planner devices: one device per CPU core the run may use."""
+    cores = num_cpus or len(os.sched_getaffinity(0))
+    total_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+    return Resources.cpu_cores(cores, total_gib / cores)
+
+
+class Workflow(ABC):
+    """One macro flow. Subclasses set :attr:`components` and implement the abstract verbs."""
+
+    #: the planner's component names, in flow order (``env``, ``rollout``, ``trainer``, ...)
+    components: tuple[str, ...]
+    #: the unit of ``steps_per_iteration`` in progress displays (``steps``, ``samples``)
+    unit: str = "steps"
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+
+    # --- sizes -------------------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def steps_per_iteration(self) -> int:
+        """Env steps (or samples) one iteration asks for."""
+
+    @property
+    @abstractmethod
+    def total_steps(self) -> int:
+        """The run's budget in the same unit."""
+
+    @property
+    def total_iterations(self) -> int:
+        return math.ceil(self.total_steps / self.steps_per_iteration)
+
+    # --- planning ----------------------------------------------------------------------------------
+    def resources(self) -> Resources:
+        return cpu_resources(self.cfg.cluster.num_cpus)
+
+    @abstractmethod
+    def planner_workflow(self) -> PlannerWorkflow:
+        """The macro flow as the planner sees it."""
+
+    @abstractmethod
+    def profile(self, cluster: Cluster, force: bool, log: Callable[[str], None]) -> Profile:
+        """Measure (or read from the cache) the components' costs on this machine."""
+
+    @abstractmethod
+    def plan(self, profile: Profile) -> PlanResult:
+        """The planner's ranked candidates for this workflow (honouring ``plan.*`` overrides)."""
+
+    def unplanned_layout(self) -> Layout:
+        return Layout.unplanned(self.components, len(self.resources()), self.cfg.plan.chunks or 1)
+
+    @abstractmethod
+    def measured_factors(self, profile: Profile, layout: Layout, metrics: dict[str, Any]) -> dict[str, float]:
+        """Measured / predicted seconds per component in one iteration's ``metrics`` (re-planning)."""
+
+    # --- running -----------------------------------------------------------------------------------
+    @abstractmethod
+    def build(self, cluster: Cluster, layout: Layout, profile: Profile | None) -> None:
+        """Create the worker groups and channels for ``layout``."""
+
+    @abstractmethod
+    def apply(self, layout: Layout) -> None:
+        """Reconfigure the running workers for a new layout (between iterations)."""
+
+    @abstractmethod
+    def iterate(self, iteration: int, lr: float, last: bool) -> dict[str, Any]:
+        """One iteration; returns its metrics with ``steps`` (what it added to the budget).
+        ``last``: no iteration follows (a workflow that overlaps training with the next
+        collection trains on its last batch too)."""
+
+    @abstractmethod
+    def trainer_state(self) -> dict[str, Any]:
+        """What a checkpoint holds: ``model``, ``optimizer`` (tensors), ``version``, ..."""
+
+    @abstractmethod
+    def load_trainer_state(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's state."""
+
+    @abstractmethod
+    def evaluate(self, video_dir: Path | None) -> dict[str, Any]:
+        """Evaluate the trainer's current weights (``eval/*`` metrics)."""
+
+    def close(self) -> None:
+        """Release workers (the cluster's shutdown ends them anyway)."""
+
+
+@dataclass(frozen=True)
+class WorkflowSpec:
+    """A registered workflow: its config schema and its class."""
+
+    config: type
+    workflow: Callable[[Any], Workflow]
+
+    def build(self, cfg: Any) -> Workflow:
+        return self.workflow(cfg)
+
+
+WORKFLOWS: Registry[WorkflowSpec] = Registry("workflow")
+
+
+def schema_of(data: dict[str, Any]) -> type:
+    """The config class of a recipe's dict (its ``workflow`` key; ``embodied`` by default)."""
+    import pipelines.embodied  # noqa: F401  (registers the built-in workflows)
+
+    return WORKFLOWS.get(str(data.get("workflow", "embodied"))).config
