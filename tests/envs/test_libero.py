@@ -124,6 +124,8 @@ def test_tasks_without_their_resources_are_user_errors_that_name_what_is_missing
     assert len(broken) == 2 and len(working) == 8
     with pytest.raises(UserError, match=f"Tasks of libero_10_with_milk that run here: {', '.join(map(str, working))}"):
         make_vec_env(EnvConfig(id=broken[0].id, num_envs=1))
+    with pytest.raises(UserError, match="has no official initial states"):
+        lib.load_init_states(broken[0])  # its .npz holds an empty array
 
 
 def test_max_episode_steps_per_suite_family():
@@ -268,6 +270,20 @@ def test_each_suite_starts_from_official_states_steps_renders_and_succeeds(suite
         np.testing.assert_array_equal(libero_env.sim_state(), official[4])
     finally:
         env.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task_id", ["libero_goal_lan/0", "libero_spatial_with_mug/0"])
+def test_libero_pro_tasks_run(task_id):
+    (task,) = lib.parse_id(task_id)[1]
+    official = lib.load_init_states(task)
+    cfg = EnvConfig(id=task_id, num_envs=1, backend="inprocess", kwargs={"num_settle_steps": 0})
+    with make_vec_env(cfg, seed=0) as env:
+        assert env.instructions == [task.instruction]
+        env.reset(seed=1)
+        np.testing.assert_array_equal(env.envs[0].sim_state(), official[1])
+        res = env.step(ZERO)
+        assert res.obs["state"].shape == (1, 8) and np.isfinite(res.obs["state"]).all() and not res.info["success"][0]
 
 
 @pytest.mark.slow
