@@ -13,20 +13,21 @@ Id syntax (``env.id``):
 LIBERO-PRO suites lack BDDL files, initial states or objects) is a :class:`UserError` naming what
 is missing and the tasks of the suite that work.
 
-Official initial states: each task ships 50 (``load_init_states``); the episode's scene is set
+Official initial states: each task ships S of them (``load_init_states``; S = 50 in the five
+standard suites, 10 in some LIBERO-PRO ones); the episode's scene is set
 to one of them, then the simulation settles for ``num_settle_steps`` (10) no-op steps, as
 OpenVLA's and RLinf's evaluations do. With ``env.kwargs.init_states="fixed"`` (the default) the
 reset seed picks the state deterministically (:func:`init_state_index`):
 
-* env reset with seed ``s`` starts from official state ``(s // T) mod 50``, T = the number of tasks
-  the id selects (one task: state ``s mod 50``). Two envs on the same task reset with the same
+* env reset with seed ``s`` starts from official state ``(s // T) mod S``, T = the number of tasks
+  the id selects (one task: state ``s mod S``). Two envs on the same task reset with the same
   seed start from the identical state (GRPO groups rely on it).
 * every later episode (auto-reset, or ``reset()`` without a seed) advances the env's state by the
   number of envs running its task in the batch.
 
 So ``VecEnv.reset(seed=0)`` (env i gets seed i) followed by auto-resets visits official states
 0, 1, 2, ... in order of (episode, env): a one-task eval of N episodes with seed 0 runs states
-0..N-1 once each, and a whole-suite batch of ``50 * T`` envs runs every (task, state) once. With
+0..N-1 once each, and a whole-suite batch of ``S * T`` envs runs every (task, state) once. With
 ``"random"`` every episode draws a state from the env's RNG seeded by the reset seed. The current
 state's index is ``info["init_state"]`` of the env's ``reset``/``step`` and
 :attr:`LiberoEnv.init_state_index`.
