@@ -38,7 +38,7 @@ def test_one_key_shows_value_default_and_doc():
     cfg = build_train_config(["cartpole_ppo", "algo.gamma=0.9"])
     text = ref.format_key("cartpole_ppo", cfg, "algo.gamma")
     assert text.splitlines()[0] == "algo.gamma (float): 0.9 in cartpole_ppo, default 0.99"
-    assert "Discount factor." in text
+    assert "Discount factor per env step" in text
     section = ref.format_key("cartpole_ppo", cfg, "eval")
     assert "eval.episodes (int)" in section and "eval.video (bool)" in section
 
