@@ -139,6 +139,8 @@ class VLAConfig:
             )
         if self.dtype not in DTYPES:
             raise UserError(f"checkpoint dtype {self.dtype!r} is not supported; supported: {', '.join(DTYPES)}.")
+        if self.text_config.get("tie_word_embeddings", False):
+            raise UserError("text_config.tie_word_embeddings is set; OpenVLA's Llama-2 keeps separate input and output embeddings.")
         model_type = self.text_config.get("model_type", "llama")
         if model_type != "llama":
             raise UserError(f"text_config.model_type {model_type!r} is not supported; OpenVLA's language model is Llama.")

@@ -45,7 +45,7 @@ UNSUPPORTED_COMPONENTS = {
     "*noisy_action_projector--*checkpoint.pt": "diffusion OFT (noisy action projector)",
     "*vision_backbone--*checkpoint.pt": "FiLM OFT+ (FiLM-wrapped vision backbone)",
 }
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class TensorSource(Protocol):
@@ -127,9 +127,9 @@ class LoadedVLA:
 
 def resolve_dtype(name: str | None, config: VLAConfig) -> torch.dtype:
     key = config.dtype if name in (None, "config") else name
-    if key not in DTYPES:
-        raise UserError(f"dtype {name!r} is not one of config, {', '.join(DTYPES)}.")
-    return DTYPES[key]
+    if key not in TORCH_DTYPES:
+        raise UserError(f"dtype {name!r} is not one of config, {', '.join(TORCH_DTYPES)}.")
+    return TORCH_DTYPES[key]
 
 
 def load_openvla(
@@ -145,12 +145,13 @@ def load_openvla(
     config = VLAConfig.from_dir(path)
     config.towers = image_stats(path, config)
     tokenizer = load_tokenizer(path)
+    torch_dtype = resolve_dtype(dtype, config)
     components = read_oft_components(path) if oft else {}
     report = LoadReport(components=sorted(components))
     model = build_model(config, oft, attn_implementation, components_dims(components))
-    fill(model, SafetensorsCheckpoint(path), resolve_dtype(dtype, config), report)
+    fill(model, SafetensorsCheckpoint(path), torch_dtype, report)
     if components:
-        fill_components(model, components, resolve_dtype(dtype, config))
+        fill_components(model, components, torch_dtype)
     check_filled(model)
     return LoadedVLA(model, config, tokenizer, report)
 

@@ -38,7 +38,7 @@ from policies.models.cnn import camera_keys
 from policies.vla.actions import BoundsQ99, select_stats
 from policies.vla.heads import ValueHead
 from policies.vla.loader import (
-    DictTensors, LoadedVLA, LoadReport, build_model, check_filled, fill, fill_components, load_openvla,
+    TORCH_DTYPES, DictTensors, LoadedVLA, LoadReport, build_model, check_filled, fill, fill_components, load_openvla,
 )
 from policies.vla.lora import apply_lora, has_lora, merge_lora
 from policies.vla.model import OpenVLA
@@ -126,11 +126,11 @@ class VLAPolicy(Policy):
         config = tiny_config(spec, {DATASET: stats}, dtype)
         l1_dim = self.action_dim if self.oft and options["tiny_l1_head"] else 0
         model = build_model(config, self.oft, options["attn_implementation"], (proprio_dim, l1_dim))
-        fill(model, DictTensors(tiny_tensors(config, spec["seed"])), getattr(torch, dtype))
+        fill(model, DictTensors(tiny_tensors(config, spec["seed"])), TORCH_DTYPES[dtype])
         if proprio_dim or l1_dim:
             parts = tiny_oft_components(model.hidden_size, self.action_dim, proprio_dim, spec["seed"])
             components = {k: (f"tiny {k}", v) for k, v in parts.items() if k != "action_head" or l1_dim}
-            fill_components(model, components, getattr(torch, dtype))
+            fill_components(model, components, TORCH_DTYPES[dtype])
         check_filled(model)
         return LoadedVLA(model, config, tiny_tokenizer(config.vocab_size), LoadReport())
 
@@ -213,7 +213,7 @@ class VLAPolicy(Policy):
 
     # -- outputs --------------------------------------------------------------------------------------
 
-    def env_actions_from_normalized(self, normalized: torch.Tensor) -> torch.Tensor:
+    def _env_actions(self, normalized: torch.Tensor) -> torch.Tensor:
         """Normalized actions (B, C, A) -> env actions (B, C, A) float32, (B, A) when C = 1."""
         actions = self.action_stats.unnormalize(normalized).float()
         return actions[:, 0] if self.action_chunk == 1 else actions
@@ -233,7 +233,7 @@ class VLAPolicy(Policy):
             normalized = self.model.action_tokenizer.decode(shaped)
         mask = torch.ones_like(tokens, dtype=torch.bool) if self.token_level else None
         return ActionOutput(shaped, self._level(log_probs), self._value(prompt_hidden),
-                            self.env_actions_from_normalized(normalized), mask)
+                            self._env_actions(normalized), mask)
 
     # -- training state ------------------------------------------------------------------------------
 

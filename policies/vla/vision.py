@@ -60,10 +60,6 @@ class PrismaticVisionBackbone(nn.Module):
         self.featurizer = build_tower(towers[0], attn_implementation)
         self.fused_featurizer = build_tower(towers[1], attn_implementation) if len(towers) == 2 else None
 
-    @property
-    def embed_dim(self) -> int:
-        return sum(t.hidden_size for t in self.specs)
-
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         towers = [self.featurizer] + ([self.fused_featurizer] if self.fused_featurizer is not None else [])
         inputs = torch.split(pixel_values, 3, dim=1)  # one (N, 3, S, S) per tower

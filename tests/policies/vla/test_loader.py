@@ -229,3 +229,33 @@ def test_unsupported_backbone_is_a_user_error(tmp_path: Path) -> None:
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(UserError, match="not supported.*Supported: dinosiglip-vit-so-224px"):
         load_openvla(path)
+
+
+def test_openvla_7b_architecture_builds_on_meta_and_its_key_plan_covers_it() -> None:
+    """openvla-7b's config.json (the diff-to-defaults text_config) gives the official shapes."""
+    from policies.vla.config import VLAConfig
+    from policies.vla.loader import build_model, plan_for
+
+    config = VLAConfig.from_dict({
+        "vision_backbone_id": "dinosiglip-vit-so-224px", "use_fused_vision_backbone": True,
+        "image_resize_strategy": "resize-naive", "pad_token_id": 32000, "pad_to_multiple_of": 64,
+        "text_config": {"model_type": "llama", "pad_token_id": 32000, "torch_dtype": "bfloat16", "vocab_size": 32064},
+        "torch_dtype": "bfloat16", "n_action_bins": 256,
+    })
+    assert config.vocab_size == 32000 and config.dtype == "bfloat16" and config.num_patches == 256
+    model = build_model(config, oft=False, attn_implementation="sdpa")  # parameters on the meta device
+    plan = plan_for(model)  # raises when the plan and the module disagree
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    assert shapes["vision_backbone.featurizer.embeddings.position_embeddings"] == (1, 257, 1024)
+    assert shapes["vision_backbone.featurizer.embeddings.register_tokens"] == (1, 4, 1024)
+    assert shapes["vision_backbone.fused_featurizer.embeddings.position_embedding.weight"] == (256, 1152)
+    assert shapes["vision_backbone.fused_featurizer.encoder.layers.25.mlp.fc1.weight"] == (4304, 1152)
+    assert shapes["projector.fc1.weight"] == (8704, 2176) and shapes["projector.fc3.weight"] == (4096, 4096)
+    assert shapes["language_model.lm_head.weight"] == (32064, 4096)
+    assert len(model.vision_backbone.featurizer.encoder.layer) == 23  # of 24: the last one is dropped
+    assert len(model.vision_backbone.fused_featurizer.encoder.layers) == 26  # of 27
+    assert "vision_backbone.featurizer.blocks.23.attn.qkv.weight" in plan.dropped
+    assert "vision_backbone.fused_featurizer.attn_pool.kv.weight" in plan.dropped
+    assert model.llm.config.rms_norm_eps == 1e-6  # LlamaConfig's default, as the HF export ran
+    total = sum(p.numel() for p in model.parameters())
+    assert 7.45e9 < total < 7.55e9  # 7.541B with the dropped blocks and head (note: openvla-from-transformers)
