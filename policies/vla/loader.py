@@ -126,6 +126,7 @@ class LoadedVLA:
 
 
 def resolve_dtype(name: str | None, config: VLAConfig) -> torch.dtype:
+    """The torch dtype of a ``dtype`` option; None or ``config``: the checkpoint's ``torch_dtype``."""
     key = config.dtype if name in (None, "config") else name
     if key not in TORCH_DTYPES:
         raise UserError(f"dtype {name!r} is not one of config, {', '.join(TORCH_DTYPES)}.")
@@ -169,6 +170,7 @@ def build_model(config: VLAConfig, oft: bool, attn_implementation: str, dims: tu
 
 
 def plan_for(model: OpenVLA) -> KeyPlan:
+    """The key plan of ``model``'s checkpoint, checked to fill exactly its parameters (OFT heads aside)."""
     base = ("proprio_projector.", "action_head.")
     projector = list(model.projector.state_dict())
     llm = list(model.llm.state_dict())

@@ -96,6 +96,11 @@ class OpenVLA(nn.Module):
         embeddings = self.projector(features)  # (B * N, P, H)
         return embeddings.reshape(batch, images * embeddings.shape[1], embeddings.shape[2])
 
+    def prefix(self, pixel_values: torch.Tensor, proprio: torch.Tensor | None = None) -> torch.Tensor:
+        """What goes between BOS and the prompt: the patch embeddings of every image (B, N * P, H).
+        (OpenVLA has no proprio input; OpenVLA-OFT appends its proprio token.)"""
+        return self.embed_images(pixel_values)
+
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         """Token ids (B, L) -> input embeddings (B, L, H)."""
         return self.llm.get_input_embeddings()(ids)

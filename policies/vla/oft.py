@@ -46,7 +46,7 @@ class OpenVLAOFT(OpenVLA):
         """OFT's STOP token: the language model's EOS id (2 for Llama-2)."""
         return int(self.llm.config.eos_token_id)
 
-    def prefix(self, pixel_values: torch.Tensor, proprio: torch.Tensor | None) -> torch.Tensor:
+    def prefix(self, pixel_values: torch.Tensor, proprio: torch.Tensor | None = None) -> torch.Tensor:
         """Patch embeddings of every image, then the proprio token when the model has a projector:
         (B, N * P (+ 1), H). ``proprio``: (B, D) normalized state."""
         patches = self.embed_images(pixel_values)

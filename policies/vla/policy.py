@@ -37,15 +37,12 @@ from policies.config import PolicyConfig
 from policies.models.cnn import camera_keys
 from policies.vla.actions import BoundsQ99, select_stats
 from policies.vla.heads import ValueHead
-from policies.vla.loader import (
-    TORCH_DTYPES, DictTensors, LoadedVLA, LoadReport, build_model, check_filled, fill, fill_components, load_openvla,
-)
+from policies.vla.loader import LoadedVLA, load_openvla
 from policies.vla.lora import apply_lora, has_lora, merge_lora
 from policies.vla.model import OpenVLA
-from policies.vla.oft import OpenVLAOFT
 from policies.vla.processor import ImageProcessor, PromptBatch, PromptTokenizer
 from policies.vla.sampling import Sampler, entropy, gather
-from policies.vla.tiny import DATASET, tiny_config, tiny_oft_components, tiny_spec, tiny_tensors, tiny_tokenizer
+from policies.vla.tiny import DATASET, load_tiny
 
 
 class VLAPolicy(Policy):
@@ -112,8 +109,7 @@ class VLAPolicy(Policy):
         options = self.options
         if options["path"] is not None:
             return load_openvla(options["path"], self.oft, options["dtype"], options["attn_implementation"])
-        # A random tiny model of the real architecture, loaded through the official key mapping.
-        spec = tiny_spec(options["tiny"])
+        # A random tiny model of the real architecture, with statistics that span the env's bounds.
         low, high = np.asarray(action_space.low, np.float64), np.asarray(action_space.high, np.float64)
         finite = np.isfinite(low) & np.isfinite(high)
         stats: dict[str, Any] = {"action": {"q01": np.where(finite, low, -1.0).tolist(), "q99": np.where(finite, high, 1.0).tolist()}}
@@ -122,17 +118,12 @@ class VLAPolicy(Policy):
             raise UserError("policy.kwargs.tiny_proprio=1 needs a 'state' observation (env.obs_mode=state+rgb).")
         if proprio_dim:
             stats["proprio"] = {"q01": [-1.0] * proprio_dim, "q99": [1.0] * proprio_dim}
-        dtype = "float32" if options["dtype"] == "config" else options["dtype"]
-        config = tiny_config(spec, {DATASET: stats}, dtype)
-        l1_dim = self.action_dim if self.oft and options["tiny_l1_head"] else 0
-        model = build_model(config, self.oft, options["attn_implementation"], (proprio_dim, l1_dim))
-        fill(model, DictTensors(tiny_tensors(config, spec["seed"])), TORCH_DTYPES[dtype])
-        if proprio_dim or l1_dim:
-            parts = tiny_oft_components(model.hidden_size, self.action_dim, proprio_dim, spec["seed"])
-            components = {k: (f"tiny {k}", v) for k, v in parts.items() if k != "action_head" or l1_dim}
-            fill_components(model, components, TORCH_DTYPES[dtype])
-        check_filled(model)
-        return LoadedVLA(model, config, tiny_tokenizer(config.vocab_size), LoadReport())
+        return load_tiny(
+            options["tiny"], {DATASET: stats}, oft=self.oft, proprio_dim=proprio_dim,
+            l1_action_dim=self.action_dim if self.oft and options["tiny_l1_head"] else 0,
+            dtype="float32" if options["dtype"] == "config" else options["dtype"],
+            attn_implementation=options["attn_implementation"],
+        )
 
     def _proprio_stats(self, stats: dict[str, Any]) -> BoundsQ99 | None:
         projector = getattr(self.model, "proprio_projector", None)
@@ -196,11 +187,7 @@ class VLAPolicy(Policy):
     def _inputs(self, obs: dict[str, Any]) -> tuple[torch.Tensor, PromptBatch]:
         """The prefix embeddings (B, P, H) and the prompts of a batch of observations."""
         pixels = self._pixel_values(obs)
-        if isinstance(self.model, OpenVLAOFT):
-            prefix = self.model.prefix(pixels, self._proprio(obs))
-        else:
-            prefix = self.model.embed_images(pixels)
-        return prefix, self._prompt(obs, pixels.shape[0])
+        return self.model.prefix(pixels, self._proprio(obs)), self._prompt(obs, pixels.shape[0])
 
     def _token_ids(self, actions: torch.Tensor, batch: int) -> torch.Tensor:
         tokens = torch.as_tensor(actions).to(self.model.device).long().reshape(batch, self.num_tokens)
@@ -222,7 +209,10 @@ class VLAPolicy(Policy):
         return per_token if self.token_level else per_token.sum(-1)
 
     def _value(self, prompt_hidden: torch.Tensor) -> torch.Tensor | None:
-        return self.value_head(prompt_hidden.float()) if self.value_head is not None else None
+        """The critic on the last prompt token's hidden state (B, H), in the value head's dtype (float32)."""
+        if self.value_head is None:
+            return None
+        return self.value_head(prompt_hidden.to(self.value_head.net[0].weight.dtype))
 
     def _output(
         self, tokens: torch.Tensor, log_probs: torch.Tensor, prompt_hidden: torch.Tensor, normalized: torch.Tensor | None = None
@@ -250,10 +240,11 @@ class VLAPolicy(Policy):
                 f"trainable state does not match policy {self.name!r}: unexpected {unexpected[:5]}, missing {missing[:5]} "
                 "(was it saved with the same lora_rank, lora_targets and value_head?)."
             )
+        for name, value in state.items():
+            if tuple(value.shape) != tuple(params[name].shape):
+                raise UserError(f"trainable state {name!r} has shape {tuple(value.shape)}, the policy {tuple(params[name].shape)}.")
         with torch.no_grad():
             for name, value in state.items():
-                if tuple(value.shape) != tuple(params[name].shape):
-                    raise UserError(f"trainable state {name!r} has shape {tuple(value.shape)}, the policy {tuple(params[name].shape)}.")
                 params[name].copy_(value)
 
     def merge_lora(self) -> None:
@@ -282,7 +273,7 @@ class OpenVLAPolicy(VLAPolicy):
         if self.value_head is None:
             raise NotImplementedError(f"policy {self.name!r} was built without a value head (value_head: 0)")
         prefix, prompt = self._inputs(obs)
-        return self.value_head(self.model.prompt_hidden(prefix, prompt).float())
+        return self._value(self.model.prompt_hidden(prefix, prompt))
 
 
 class OpenVLAOFTPolicy(VLAPolicy):
@@ -328,7 +319,7 @@ class OpenVLAOFTPolicy(VLAPolicy):
         if self.value_head is None:
             raise NotImplementedError(f"policy {self.name!r} was built without a value head (value_head: 0)")
         hidden, _ = self._parallel(obs)
-        return self.value_head(hidden[:, 0].float())
+        return self._value(hidden[:, 0])
 
 
 def _action_dim(action_space: gym.spaces.Space, name: str) -> int:

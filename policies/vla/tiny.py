@@ -33,6 +33,9 @@ from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_to
 from embodied.errors import UserError, did_you_mean
 from policies.vla.config import IMAGENET_MEAN, IMAGENET_STD, VisionTowerConfig, VLAConfig
 from policies.vla.heads import L1RegressionActionHead, ProprioProjector
+from policies.vla.loader import (
+    TORCH_DTYPES, DictTensors, LoadedVLA, LoadReport, build_model, check_filled, fill, fill_components,
+)
 
 #: Sizes of a tiny model (``policy.kwargs.tiny`` overrides any of them).
 TINY_DEFAULTS: dict[str, int] = {
@@ -245,6 +248,29 @@ def _llama(llm: Any, gen: torch.Generator) -> dict[str, torch.Tensor]:
             value = _linear(shape[0], shape[1], gen)
         out["language_model." + key] = value
     return out
+
+
+def load_tiny(
+    spec: Mapping[str, Any] | None = None,
+    norm_stats: Mapping[str, Any] | None = None,
+    oft: bool = False,
+    proprio_dim: int = 0,
+    l1_action_dim: int = 0,
+    dtype: str = "float32",
+    attn_implementation: str = "sdpa",
+) -> LoadedVLA:
+    """A random tiny model built in memory and filled through the official key mapping, exactly as
+    :func:`write_tiny_checkpoint` + :func:`~policies.vla.loader.load_openvla` would give it."""
+    s = tiny_spec(spec)
+    config = tiny_config(s, norm_stats, dtype)
+    model = build_model(config, oft, attn_implementation, (proprio_dim, l1_action_dim))
+    fill(model, DictTensors(tiny_tensors(config, s["seed"])), TORCH_DTYPES[dtype])
+    if proprio_dim or l1_action_dim:
+        parts = tiny_oft_components(model.hidden_size, max(l1_action_dim, 1), proprio_dim, s["seed"])
+        components = {k: (f"tiny {k}", v) for k, v in parts.items() if k != "action_head" or l1_action_dim}
+        fill_components(model, components, TORCH_DTYPES[dtype])
+    check_filled(model)
+    return LoadedVLA(model, config, tiny_tokenizer(config.vocab_size), LoadReport())
 
 
 # -- the official layout on disk ------------------------------------------------------------------------
