@@ -10,6 +10,8 @@ adapters into the base weights (``merge_and_unload``): the same function up to f
 
 from __future__ import annotations
 
+import warnings
+
 from embodied.errors import UserError
 from policies.vla.model import OpenVLA
 
@@ -24,7 +26,9 @@ def apply_lora(model: OpenVLA, rank: int, alpha: float, targets: str | list[str]
         r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none", init_lora_weights="gaussian"
     )
     try:
-        model.language_model = get_peft_model(model.language_model, config)
+        with warnings.catch_warnings():  # peft probes transformers' deprecated ``is_gradient_checkpointing``
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            model.language_model = get_peft_model(model.language_model, config)
     except ValueError as err:  # peft: "Target modules {...} not found in the base model"
         raise UserError(f"policy.kwargs.lora_targets={targets!r}: {err}") from err
 
