@@ -20,29 +20,30 @@ from embodied.config import apply_overrides
 from embodied.runtime import Cluster
 from embodied.timeline_plot import plot_timelines
 from benchmarks.common import RESULTS, write_result
-from pipelines.config import TrainConfig
-from pipelines.embodied_ppo import EmbodiedPPO
+from pipelines.config import EmbodiedConfig
+from pipelines.embodied import EmbodiedWorkflow
 from pipelines.planning import plan_embodied, profile_embodied, resources_of, workflow_of
+from pipelines.runner import Runner
 from pipelines.recipes import load_recipe
 from scheduler import sequential_plan, simulate
 
 HERE = Path(__file__).parent
 
 
-def run_config(cfg: TrainConfig, iterations: int) -> dict[str, Any]:
+def run_config(cfg: EmbodiedConfig, iterations: int) -> dict[str, Any]:
     """Plan (forced as ``cfg.plan`` says), build the workers, time ``iterations`` after a warm-up."""
-    algo = EmbodiedPPO(cfg, run=None)
+    runner = Runner(cfg, None, EmbodiedWorkflow(cfg))
     with Cluster(cfg.cluster) as cluster:
-        algo.plan(cluster, log=lambda *_: None)
-        algo._build(cluster)
+        runner.start(cluster)
         times = []
         for it in range(iterations + 1):
-            metrics = algo.iterate()
+            metrics = runner.step()
             if it > 0:
                 times.append(metrics["time/iteration_s"])
                 print(f"    iteration {it}: {metrics['time/iteration_s']:.2f} s "
                       f"(rollout {metrics['time/rollout_s']:.2f} s, train {metrics['time/train_s']:.2f} s)", flush=True)
-    plan = algo.layout.plan
+    assert runner.layout is not None
+    plan = runner.layout.plan
     measured = statistics.median(times)
     return {
         "mode": plan.mode,
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     _, data = load_recipe(args.recipe)
-    base = apply_overrides(TrainConfig, data, ["plan.replan_threshold=0", *args.overrides])
+    base = apply_overrides(EmbodiedConfig, data, ["plan.replan_threshold=0", *args.overrides])
 
     with Cluster(base.cluster) as cluster:
         profile = profile_embodied(base, cluster, force=args.reprofile)
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     results: dict[str, Any] = {}
     for name, overrides in configs.items():
-        cfg = apply_overrides(TrainConfig, data, ["plan.replan_threshold=0", *args.overrides, *overrides])
+        cfg = apply_overrides(EmbodiedConfig, data, ["plan.replan_threshold=0", *args.overrides, *overrides])
         print(f"{name}:", flush=True)
         results[name] = run_config(cfg, args.iterations)
         r = results[name]

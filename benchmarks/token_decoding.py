@@ -26,7 +26,7 @@ import torch
 
 from benchmarks.common import write_result
 from embodied.config import apply_overrides
-from pipelines.config import TrainConfig
+from pipelines.config import EmbodiedConfig
 from pipelines.recipes import load_recipe
 from policies.registry import build_policy
 
@@ -56,11 +56,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)
     _, data = load_recipe(str(HERE / "m2flow_rgb.yaml"))
-    cfg = apply_overrides(TrainConfig, data, [])
+    cfg = apply_overrides(EmbodiedConfig, data, [])
     policies = {}
     for cache in (0, 1):
         torch.manual_seed(0)
-        policy_cfg = apply_overrides(TrainConfig, data, [f"policy.kwargs.kv_cache={cache}"]).policy
+        policy_cfg = apply_overrides(EmbodiedConfig, data, [f"policy.kwargs.kv_cache={cache}"]).policy
         policies[cache] = build_policy(policy_cfg, OBS_SPACE, ACTION_SPACE).eval()
     policies[1].load_state_dict(policies[0].state_dict())
     rows = []

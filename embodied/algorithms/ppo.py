@@ -71,7 +71,8 @@ class PPO(Algorithm):
         loss, stats = self.policy_objective(ev, mb, counts)
         if ev.values is None:
             raise ValueError("PPO needs a critic: the policy's evaluate returned no values")
-        errors = value_errors(ev.values.float(), mb.fields["old_values"], mb.fields["returns"], cfg.value_clip)  # (M,)
+        values = ev.values.to(torch.promote_types(ev.values.dtype, torch.float32))  # bf16 heads: fp32 math
+        errors = value_errors(values, mb.fields["old_values"].to(values.dtype), mb.fields["returns"].to(values.dtype), cfg.value_clip)  # (M,)
         value = errors.sum() / counts.num_seqs.clamp(min=1)
         stats["losses/value"] = value.detach()
         return loss + cfg.vf_coef * value, stats

@@ -33,16 +33,7 @@ from embodied.rl.importance import (
     rollout_is_weights,
 )
 from embodied.rl.kl import KL_ESTIMATORS, kl_penalty
-from embodied.rl.losses import (
-    approx_kl,
-    entropy_bonus,
-    policy_loss_per_token,
-    ppo_loss,
-    ppo_policy_loss,
-    should_stop_early,
-    value_errors,
-    value_loss,
-)
+from embodied.rl.losses import policy_loss_per_token, should_stop_early, value_errors
 from embodied.rl.returns import (
     OutcomeKind,
     bootstrap_rule,
@@ -68,8 +59,6 @@ __all__ = [
     "LossAggMode",
     "agg_entropy",
     "agg_loss",
-    "approx_kl",
-    "entropy_bonus",
     "frac_reward_zero_std",
     "gae",
     "grpo_advantages",
@@ -77,14 +66,11 @@ __all__ = [
     "loss_agg_counts",
     "normalize_advantages",
     "policy_loss_per_token",
-    "ppo_loss",
-    "ppo_policy_loss",
     "resolve_loss_agg_mode",
     "rloo_advantages",
     "rollout_is_weights",
     "should_stop_early",
     "value_errors",
-    "value_loss",
     "zero_std_group_mask",
     "OutcomeKind",
     "Samples",

@@ -2,10 +2,8 @@
 
 :func:`policy_loss_per_token` returns the per-token loss ``(B, K)`` (or per-action ``(B,)``)
 before aggregation, for an algorithm that aggregates with :func:`embodied.rl.agg_loss`
-(``loss_agg_mode``) and may split a minibatch into micro-batches. The other functions take
-per-sample inputs of one shape, ``(N,)`` for a flat minibatch or ``(T, B)`` for a time-major one,
-and reduce with a mean over the valid samples (``mask`` True, or all samples when ``mask`` is
-None): that is the ``token-mean`` of one whole minibatch. Losses are meant to be *minimized*.
+(``loss_agg_mode``) and may split a minibatch into micro-batches; :func:`value_errors` the
+per-sample value errors of PPO2's clipped value loss. Losses are meant to be *minimized*.
 Statistics come back as detached 0-d tensors (no host sync per minibatch; call ``float()`` when
 logging).
 """
@@ -25,14 +23,9 @@ from embodied.rl._checks import (
 )
 
 __all__ = [
-    "approx_kl",
-    "entropy_bonus",
-    "ppo_loss",
     "policy_loss_per_token",
-    "ppo_policy_loss",
     "should_stop_early",
     "value_errors",
-    "value_loss",
 ]
 
 # exp(20) ~ 5e8: far outside any clip range, still finite in float16/bfloat16/float32. verl and
@@ -248,81 +241,6 @@ def policy_loss_per_token(
     return losses, {key: value.detach() for key, value in stats.items()}
 
 
-def ppo_policy_loss(
-    new_logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    clip_ratio: float = 0.2,
-    dual_clip: float | None = None,
-    clip_ratio_high: float | None = None,
-    mask: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped surrogate policy loss of PPO (Schulman et al. 2017), averaged over valid samples.
-
-    The per-sample loss is the one of :func:`policy_loss_per_token` (``clip_ratio`` is its
-    ``clip_ratio_low``, ``dual_clip`` its ``clip_ratio_c``)::
-
-        l = max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high))
-        l = min(l, -dual_clip * A)    if A < 0 and dual clip is on
-
-    i.e. ``-A * min(r, 1 + eps_high)`` for ``A > 0`` and ``-A * min(max(r, 1 - eps_low), c)``
-    for ``A < 0``. The returned loss is the mean of ``l`` over valid samples: the ``token-mean``
-    aggregation of one whole minibatch. The log-ratio is clamped to ``[-20, 20]``.
-
-    Args:
-        new_logprobs: log pi_theta(a|s) under the policy being optimized, any shape ``S``
-            (e.g. ``(N,)`` or ``(T, B)``); carries the gradient.
-        old_logprobs: ``S``, log-probs under the policy that collected the data (no gradient).
-        advantages: ``S``, advantage estimates (no gradient).
-        clip_ratio: ``eps_low`` in ``(0, 1)``, and ``eps_high`` unless ``clip_ratio_high`` is set.
-        dual_clip: ``c > 1`` to enable dual clip, or None.
-        clip_ratio_high: ``eps_high > 0`` for an asymmetric clip range, or None.
-        mask: optional bool ``S``, True = valid sample. Masked-out entries of
-            ``old_logprobs`` and ``advantages`` are never used and may hold NaN.
-
-    Returns:
-        ``(loss, stats)``: the scalar loss and detached scalar statistics over valid samples:
-        ``clip_fraction`` (share with ``r`` outside ``[1 - eps_low, 1 + eps_high]``, whatever
-        the sign of ``A``), ``approx_kl`` (k3 estimator ``(r - 1) - log r``, mean),
-        ``ratio_mean`` and, when dual clip is on, ``dual_clip_fraction`` (share of samples where
-        the ``-c * A`` bound is active).
-
-    Raises:
-        ValueError: on mismatched shapes, a non-bool mask, or out-of-range clip parameters.
-    """
-    fn = "ppo_policy_loss"
-    _check_same_shape(
-        fn,
-        ("new_logprobs", new_logprobs),
-        ("old_logprobs", old_logprobs),
-        ("advantages", advantages),
-    )
-    if mask is not None:
-        mask = check_mask(fn, "mask", mask, new_logprobs.shape, "new_logprobs")
-    eps_low, eps_high = _check_clip(
-        fn,
-        ("clip_ratio", clip_ratio),
-        ("clip_ratio_high", clip_ratio_high),
-        ("dual_clip", dual_clip),
-    )
-    terms = _clipped_surrogate(
-        new_logprobs, old_logprobs, advantages, mask, eps_low, eps_high, dual_clip
-    )
-    loss = masked_mean(terms.losses, mask)
-
-    with torch.no_grad():
-        ratio = terms.ratio
-        outside = ((ratio < 1.0 - eps_low) | (ratio > 1.0 + eps_high)).to(ratio.dtype)
-        stats = {
-            "clip_fraction": masked_mean(outside, mask),
-            "approx_kl": masked_mean(_k3(terms.log_ratio), mask),
-            "ratio_mean": masked_mean(ratio, mask),
-        }
-        if dual_clip is not None:
-            stats["dual_clip_fraction"] = masked_mean(terms.dual_active.to(ratio.dtype), mask)
-    return loss, {key: value.detach() for key, value in stats.items()}
-
-
 def value_errors(
     new_values: torch.Tensor,
     old_values: torch.Tensor | None,
@@ -359,73 +277,6 @@ def value_errors(
     return 0.5 * errors
 
 
-def value_loss(
-    new_values: torch.Tensor,
-    old_values: torch.Tensor | None,
-    returns: torch.Tensor,
-    clip: float | None = None,
-    mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Squared-error value loss, optionally clipped around the old values (PPO2 style): the mean
-    of :func:`value_errors` over the valid samples, ``0.5 * mean(max((V - R)^2, (V_clip - R)^2))``.
-
-    Args:
-        new_values, old_values, returns, clip: see :func:`value_errors`.
-        mask: optional bool ``S``, True = valid sample. Masked-out entries of ``old_values``
-            and ``returns`` are never used and may hold NaN.
-
-    Returns:
-        The scalar loss.
-    """
-    fn = "value_loss"
-    _check_same_shape(fn, ("new_values", new_values), ("returns", returns))
-    if mask is not None:
-        mask = check_mask(fn, "mask", mask, new_values.shape, "new_values")
-        # keep NaN padding in the targets out of the backward pass
-        returns = torch.where(mask, returns, new_values.detach())
-        if old_values is not None:
-            old_values = torch.where(mask, old_values, new_values.detach())
-    return masked_mean(value_errors(new_values, old_values, returns, clip), mask)
-
-
-def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean policy entropy over valid samples (to be *subtracted* from the loss, times a coef).
-
-    Args:
-        entropy: any shape ``S``, per-sample entropy of the action distribution.
-        mask: optional bool ``S``, True = valid sample.
-    """
-    fn = "entropy_bonus"
-    _check_same_shape(fn, ("entropy", entropy))
-    if mask is not None:
-        mask = check_mask(fn, "mask", mask, entropy.shape, "entropy")
-    return masked_mean(entropy, mask)
-
-
-def approx_kl(
-    new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Approximate ``KL(pi_old || pi_new)`` from samples of ``pi_old``: mean of ``(r - 1) - log r``.
-
-    This is Schulman's "k3" estimator (http://joschu.net/blog/kl-approx.html): unbiased and
-    non-negative per sample, unlike the naive ``-log r``. ``r = exp(new - old)``, with the
-    log-ratio clamped to ``[-20, 20]``.
-
-    Args:
-        new_logprobs: any shape ``S``.
-        old_logprobs: ``S``.
-        mask: optional bool ``S``, True = valid sample.
-
-    Returns:
-        A scalar tensor (differentiable w.r.t. ``new_logprobs``; detach it for logging).
-    """
-    fn = "approx_kl"
-    _check_same_shape(fn, ("new_logprobs", new_logprobs), ("old_logprobs", old_logprobs))
-    if mask is not None:
-        mask = check_mask(fn, "mask", mask, new_logprobs.shape, "new_logprobs")
-    return masked_mean(_k3(_log_ratio(new_logprobs, old_logprobs)), mask)
-
-
 def should_stop_early(approx_kl: torch.Tensor | float, target_kl: float | None) -> bool:
     """Whether to stop the PPO epochs early: ``approx_kl > target_kl``; never if target is None.
 
@@ -442,71 +293,3 @@ def should_stop_early(approx_kl: torch.Tensor | float, target_kl: float | None) 
     return float(approx_kl) > target_kl
 
 
-def ppo_loss(
-    new_logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    *,
-    new_values: torch.Tensor | None = None,
-    old_values: torch.Tensor | None = None,
-    returns: torch.Tensor | None = None,
-    entropy: torch.Tensor | None = None,
-    clip_ratio: float = 0.2,
-    clip_ratio_high: float | None = None,
-    dual_clip: float | None = None,
-    value_clip: float | None = None,
-    vf_coef: float = 0.5,
-    ent_coef: float = 0.0,
-    mask: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The full PPO objective: ``policy + vf_coef * value - ent_coef * entropy``.
-
-    The terms are :func:`ppo_policy_loss`, :func:`value_loss` and :func:`entropy_bonus`, all
-    averaged over the same valid samples. Critic-free training (GRPO) leaves ``new_values`` and
-    ``returns`` as None: the value term is then absent. Likewise ``entropy=None`` drops the
-    entropy term (``ent_coef`` must then be 0).
-
-    Args:
-        new_logprobs, old_logprobs, advantages: any shape ``S``, see :func:`ppo_policy_loss`.
-        new_values, old_values, returns: ``S`` or None, see :func:`value_loss`.
-        entropy: ``S`` or None, per-sample entropy.
-        clip_ratio, clip_ratio_high, dual_clip: policy clipping, see :func:`ppo_policy_loss`.
-        value_clip: clip range for the value loss, or None.
-        vf_coef: weight of the value loss.
-        ent_coef: weight of the entropy bonus (subtracted).
-        mask: optional bool ``S``, True = valid sample.
-
-    Returns:
-        ``(loss, stats)``: the scalar total loss and a flat dict of detached scalars:
-        ``losses/policy``, ``losses/value`` (if values given), ``losses/entropy`` (the mean
-        entropy, if given), ``losses/approx_kl``, ``losses/clip_fraction``, ``losses/ratio_mean``,
-        ``losses/dual_clip_fraction`` (if dual clip is on) and ``losses/total``.
-    """
-    fn = "ppo_loss"
-    if (new_values is None) != (returns is None):
-        raise ValueError(f"{fn}: pass both `new_values` and `returns` for a value loss, or neither")
-    if entropy is None and ent_coef != 0.0:
-        raise ValueError(f"{fn}: `ent_coef` is {ent_coef} but no `entropy` was given")
-
-    policy, policy_stats = ppo_policy_loss(
-        new_logprobs,
-        old_logprobs,
-        advantages,
-        clip_ratio=clip_ratio,
-        dual_clip=dual_clip,
-        clip_ratio_high=clip_ratio_high,
-        mask=mask,
-    )
-    total = policy
-    stats = {"losses/policy": policy.detach()}
-    if new_values is not None and returns is not None:
-        value = value_loss(new_values, old_values, returns, clip=value_clip, mask=mask)
-        total = total + vf_coef * value
-        stats["losses/value"] = value.detach()
-    if entropy is not None:
-        mean_entropy = entropy_bonus(entropy, mask=mask)
-        total = total - ent_coef * mean_entropy
-        stats["losses/entropy"] = mean_entropy.detach()
-    stats.update({f"losses/{key}": value for key, value in policy_stats.items()})
-    stats["losses/total"] = total.detach()
-    return total, stats

@@ -94,7 +94,7 @@ def short_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("runs") / "short"
     result = embodied(
         "train", "cartpole_ppo", f"run.dir={run}", "algo.total_env_steps=2048", "env.num_envs=4",
-        "algo.rollout_steps=128", "logging.wandb=false", "run.checkpoint_every=1", "eval.episodes=2",
+        "algo.rollout_steps=128", "logging.wandb=false", "checkpoint.every=1", "eval.episodes=2",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return run
