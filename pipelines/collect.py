@@ -142,22 +142,31 @@ class TrajectoryRecorder:
         """What the env did after the last decision; ``out.obs`` is the next one's observation."""
         assert out.rewards is not None, "observe() needs the result of a step"
         self.steps.append(out)
+        ended = ((out.terminated | out.truncated) & out.valid).any(1)  # (B,) an episode ended in the decision
+        self.ended = ended if self.ended is None else self.ended | ended
         if self.record_values:
             final = np.zeros(len(out.rewards), np.float32)
-            ended = ((out.terminated | out.truncated) & out.valid).any(1)
             if ended.any() and out.final_obs is not None:
                 rows = np.flatnonzero(ended)
                 final[rows] = self._value({k: v[rows] for k, v in out.final_obs.items()})
             self.final_values.append(final)
         self.current = out.obs
 
+    def first_episodes_done(self) -> bool:
+        """Whether every env's first episode of the batch has ended (GRPO needs no more steps)."""
+        return self.ended is not None and bool(self.ended.all())
+
     def _value(self, obs: Obs) -> np.ndarray:
         return self.policy.value(to_torch(obs, self.device)).float().cpu().numpy()
 
     @torch.no_grad()
-    def finish(self, version: int) -> TrajectoryBatch:
-        """The recorded decisions as a batch; the recorder is empty afterwards."""
+    def finish(self, version: int, num_steps: int | None = None) -> TrajectoryBatch:
+        """The recorded decisions as a batch of ``num_steps`` decisions (default: as recorded); a
+        recording stopped early is padded with decisions that are not valid (``valid`` False, no
+        reward, no episode end). The recorder is empty afterwards."""
         assert self.current is not None and len(self.steps) == len(self.actions), "finish() needs one observe() per act()"
+        for _ in range(len(self.actions), num_steps or len(self.actions)):
+            self._pad()
         stack = lambda xs: np.stack(xs)  # noqa: E731  T x (B, ...) -> (T, B, ...)
         steps = self.steps
         has_success = all(s.success is not None for s in steps)
@@ -180,6 +189,18 @@ class TrajectoryRecorder:
         self.reset()
         return batch.check()
 
+    def _pad(self) -> None:
+        """One decision that did not happen: the last observation again, zero actions and
+        logprobs, nothing valid."""
+        last = self.steps[-1]
+        self.obs.append(self.obs[-1])
+        for xs in (self.actions, self.logprobs, self.masks, self.values, self.final_values):
+            if xs:
+                xs.append(np.zeros_like(xs[-1]))
+        none = np.zeros_like(last.valid)
+        self.steps.append(EnvOutput(last.obs, np.zeros_like(last.rewards), none, none, none,
+                                    None if last.success is None else none))
+
     def reset(self) -> None:
         """Forget recorded decisions (keep the policy, device, bounds and stream)."""
         self.obs: list[Obs] = []
@@ -191,3 +212,4 @@ class TrajectoryRecorder:
         self.final_values: list[np.ndarray] = []
         self.current: Obs | None = None
         self.group_ids: np.ndarray | None = None
+        self.ended: np.ndarray | None = None  # (B,) the env's first episode of the batch has ended

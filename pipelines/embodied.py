@@ -110,7 +110,7 @@ class EmbodiedWorkflow(Workflow):
         self.obs_space, self.action_space = self.env.call("spaces", ranks=[0]).result()
         self.rollout = WorkerGroup(
             cluster, RolloutWorker, w.rollout, cfg, self.obs_space, self.action_space, layout.num_chunks, roll_p,
-            self.algorithm.needs_critic, name="rollout", resources=RankResources(w.rollout_cpus, gpu(w.rollout_device), threads),
+            self.algorithm.needs_critic, self.algorithm.grouped, name="rollout", resources=RankResources(w.rollout_cpus, gpu(w.rollout_device), threads),
         )
         self.trainer = WorkerGroup(
             cluster, TrainerWorker, 1, cfg, self.obs_space, self.action_space, trainer_p, self._trainer_offloads(layout),
@@ -184,6 +184,11 @@ class EmbodiedWorkflow(Workflow):
         if self.profile_ is not None and "time/train_s" in stats:
             metrics["plan/measured_over_predicted"] = metrics["time/iteration_s"] / plan.predicted_iteration_s
         return metrics
+
+    def drain(self, lr: float) -> None:
+        if self.pending:
+            self._train_call(lr).result()
+            self.pending = False
 
     def _train_call(self, lr: float) -> GroupFuture:
         return self.trainer.call("train", self.traj_channel, self.rollout.num_ranks, lr)

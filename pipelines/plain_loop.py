@@ -68,11 +68,13 @@ class PlainLoop:
         self.policy.eval()
         self.recorder.begin(EnvOutput(with_instructions(self.obs, instructions), group_ids=group_ids))
         for _ in range(cfg.algo.rollout_steps):
+            if self.algorithm.grouped and self.recorder.first_episodes_done():
+                break  # one episode per env is all GRPO needs
             actions = self.recorder.act()
             res = env.chunk_step(actions) if cfg.policy.action_chunk > 1 else env.step(actions)
             self.recorder.observe(env_output(res, instructions))
             self.obs = res.obs
-        batch = self.recorder.finish(self.version)
+        batch = self.recorder.finish(self.version, cfg.algo.rollout_steps)
         t_collect = time.perf_counter()
         self.policy.train()
         stats = self.algorithm.update(self.policy, self.optimizer, batch, lr, generator=self.generator,

@@ -95,9 +95,13 @@ class Runner:
             return algo.lr
         return algo.lr * max(0.0, 1.0 - self.steps / self.workflow.total_steps)
 
+    def done(self) -> bool:
+        """Whether the budget is spent (whole iterations: the last one may go past it)."""
+        return self.steps >= self.workflow.total_steps
+
     def step(self) -> dict[str, Any]:
         """One iteration of the workflow, counted; returns its metrics (``iteration``, ``env_steps``)."""
-        last = self.iteration + 1 >= self.workflow.total_iterations
+        last = self.steps + self.workflow.steps_per_iteration >= self.workflow.total_steps
         metrics = self.workflow.iterate(self.iteration, self.lr(), last)
         self.steps += int(metrics.pop("steps"))
         self.iteration += 1
@@ -119,15 +123,13 @@ class Runner:
             self.save_plan(result)
             if cfg.resume is not None:
                 self.resume()
-            total = self.workflow.total_iterations
-            # Whole iterations: the run does total_iterations * steps_per_iteration steps (>= the budget).
-            progress = Progress(total * self.workflow.steps_per_iteration, cfg.logging.progress, cfg.run.log_every_s, self.steps)
+            progress = Progress(self.workflow.total_steps, cfg.logging.progress, cfg.run.log_every_s, self.steps)
             t_start = time.perf_counter()
             last: dict[str, Any] = {}
-            while self.iteration < total:
+            while not self.done():
                 metrics = self.step()
                 metrics["wall_s"] = self.wall_s_before + time.perf_counter() - t_start
-                if cfg.eval.every and self.iteration % cfg.eval.every == 0 and self.iteration < total:
+                if cfg.eval.every and self.iteration % cfg.eval.every == 0 and not self.done():
                     metrics.update(self.workflow.evaluate(video_dir=None))
                 self.watch_plan(metrics)
                 logger.log(metrics, step=self.steps)
@@ -135,6 +137,7 @@ class Runner:
                 last = metrics
                 if cfg.checkpoint.every and self.iteration % cfg.checkpoint.every == 0:
                     self.checkpoint(metrics["wall_s"])
+            self.workflow.drain(self.lr())  # a batch still waiting for training (staleness 1)
             progress.close()
             progress = None
             wall_s = self.wall_s_before + time.perf_counter() - t_start

@@ -32,7 +32,7 @@ from embodied.algorithms import build_algorithm
 from embodied.offload import Offloader
 from embodied.rl import TrajectoryBatch
 from embodied.runtime import Channel, Worker
-from embodied.runtime.weights import WeightPayload, WeightSyncer, describe
+from embodied.runtime.weights import WeightPayload, WeightSyncer
 from embodied.seeding import RngStream, seed_everything
 from envs.registry import make_vec_env
 from pipelines.collect import EnvOutput, TrajectoryRecorder, env_output, resolve_device, with_instructions
@@ -130,9 +130,14 @@ class EnvWorker(Worker):
                 self.obs[c] = env.reset(seed=self.seeds[c])
                 sim_s += time.perf_counter() - t0
             obs_channel.put(keys[c], EnvOutput(with_instructions(self.obs[c], self.instructions[c]), group_ids=group_ids))
+        active = list(range(self.num_chunks))
         for _ in range(num_steps):
-            for c, env in enumerate(self.envs):
+            for c in list(active):
+                env = self.envs[c]
                 actions = action_channel.get(keys[c])
+                if actions is None:  # the rollout needs no more steps of this chunk (GRPO: episodes over)
+                    active.remove(c)
+                    continue
                 t0 = time.perf_counter()
                 res = env.chunk_step(actions) if chunked else env.step(actions)
                 sim_s += time.perf_counter() - t0
@@ -154,9 +159,13 @@ class RolloutWorker(Worker):
 
     def __init__(
         self, cfg: EmbodiedConfig, observation_space: Any, action_space: Any, num_chunks: int,
-        pinning: Pinning | None = None, record_values: bool = True,
+        pinning: Pinning | None = None, record_values: bool = True, episodic: bool = False,
     ) -> None:
+        """``record_values``: record the critic's values (critic-based algorithms). ``episodic``:
+        each iteration needs one episode per env (GRPO): a chunk stops stepping once every env's
+        first episode has ended, and its batch is padded with invalid decisions."""
         self.cfg = cfg
+        self.episodic = episodic
         self.device = resolve_device(cfg.workers.rollout_device)
         self.policy = build_policy(cfg.policy, observation_space, action_space).to(self.device).eval()
         self.syncer = WeightSyncer()
@@ -182,8 +191,9 @@ class RolloutWorker(Worker):
             raise RuntimeError("generate() before load_weights(): the rollout has no policy weights")
         infer_s = 0.0
         recorders = self.recorders
+        active = list(self.keys)
         for t in range(num_steps + 1):
-            for key in self.keys:
+            for key in list(active):
                 out: EnvOutput = obs_channel.get(key)
                 t0 = time.perf_counter()
                 rec = recorders[key]
@@ -192,10 +202,14 @@ class RolloutWorker(Worker):
                 else:
                     rec.observe(out)
                 if t < num_steps:
-                    action_channel.put(key, rec.act())
+                    if self.episodic and rec.first_episodes_done():
+                        action_channel.put(key, None)  # stop the chunk: its episodes are all over
+                        active.remove(key)
+                    else:
+                        action_channel.put(key, rec.act())
                 infer_s += time.perf_counter() - t0
         t0 = time.perf_counter()
-        batch = TrajectoryBatch.concat([recorders[k].finish(self.version) for k in self.keys])
+        batch = TrajectoryBatch.concat([recorders[k].finish(self.version, num_steps) for k in self.keys])
         infer_s += time.perf_counter() - t0
         traj_channel.put(0, batch)
         return {"infer_s": infer_s, "version": self.version}
@@ -289,7 +303,3 @@ class TrainerWorker(Worker):
         stats["time/train_s"] = time.perf_counter() - t0
         stats["weights/lag"] = float(lag)
         return stats
-
-    def weights_info(self) -> dict[str, float]:
-        """Bytes and tensors one weight sync moves."""
-        return describe(self.export_weights())

@@ -90,10 +90,6 @@ class Workflow(ABC):
     def total_steps(self) -> int:
         """The run's budget in the same unit."""
 
-    @property
-    def total_iterations(self) -> int:
-        return math.ceil(self.total_steps / self.steps_per_iteration)
-
     # --- planning ----------------------------------------------------------------------------------
     def resources(self) -> Resources:
         return cpu_resources(self.cfg.cluster.num_cpus)
@@ -131,6 +127,9 @@ class Workflow(ABC):
         """One iteration; returns its metrics with ``steps`` (what it added to the budget).
         ``last``: no iteration follows (a workflow that overlaps training with the next
         collection trains on its last batch too)."""
+
+    def drain(self, lr: float) -> None:
+        """Train on anything collected but not yet trained on (the run is ending)."""
 
     @abstractmethod
     def trainer_state(self) -> dict[str, Any]:

@@ -51,10 +51,6 @@ class Mailbox:
             items = [queue.popleft() for _ in range(want)]
         return items[0] if n is None else items
 
-    def size(self, channel: str, key: Any) -> int:
-        with self._cond:
-            return len(self._queues[(channel, key)])
-
 
 _MAILBOXES: dict[tuple[str, int], Mailbox] = {}
 _LOCK = threading.Lock()

@@ -1,10 +1,12 @@
 """Weight sync: the trainer's weights into rollout workers, dtype for dtype, only what can change.
 
-:class:`WeightSyncer` packs a module's tensors into one flat byte buffer per dtype
-(:class:`WeightPayload`). A payload is plain numpy bytes, so Ray's object store moves it zero-copy to
-every reader on a node (one copy per node), and bf16/fp16 tensors arrive bit for bit (numpy has no
-bfloat16; the bytes do not care). The receiving side copies each tensor into the module in place
-(and onto its device), checking names, shapes and dtypes.
+:class:`WeightSyncer` exports a module's tensors as raw bytes (:class:`WeightPayload`): one uint8
+numpy array per tensor, a view of the tensor's own memory on the CPU (no copy until Ray's object
+store takes the payload), and for tensors on a GPU one device-side concatenation per dtype and a
+single device-to-host copy. Plain numpy bytes move zero-copy to every reader on a node (one copy
+per node), and bf16/fp16 tensors arrive bit for bit (numpy has no bfloat16; the bytes do not
+care). The receiving side copies each tensor into the module in place (and onto its device),
+checking names, shapes and dtypes.
 
 What travels: every tensor of the module's ``state_dict``, or, when some parameters are frozen
 (LoRA adapters on a frozen base, a value head on a frozen encoder), only the trainable parameters
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -26,27 +27,29 @@ from torch import nn
 
 @dataclass(frozen=True)
 class TensorSlot:
-    """Where one tensor lives in a payload: its dtype's buffer, byte offset and byte length."""
+    """One tensor of a payload: its name, dtype and shape (its bytes are the matching array)."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
-    offset: int
-    nbytes: int
 
 
 @dataclass
 class WeightPayload:
-    """A module's tensors as one uint8 buffer per dtype (``buffers``) plus the index (``slots``)."""
+    """A module's tensors as raw bytes: ``arrays[i]`` (uint8) holds the tensor ``slots[i]``."""
 
     version: int
-    buffers: dict[str, np.ndarray]
     slots: tuple[TensorSlot, ...]
+    arrays: tuple[np.ndarray, ...]
     trainable_only: bool
 
     @property
     def nbytes(self) -> int:
-        return sum(b.nbytes for b in self.buffers.values())
+        return sum(a.nbytes for a in self.arrays)
+
+    @property
+    def dtypes(self) -> set[str]:
+        return {s.dtype for s in self.slots}
 
     @property
     def names(self) -> list[str]:
@@ -76,23 +79,15 @@ class WeightSyncer:
         return {k: t for k, t in state.items() if not isinstance(t, nn.Parameter) or t.requires_grad}
 
     def export(self, module: nn.Module, version: int) -> WeightPayload:
-        """Pack ``module``'s tensors (see :meth:`tensors`) into per-dtype byte buffers."""
-        by_dtype: dict[str, list[tuple[str, torch.Tensor]]] = {}
+        """The bytes of ``module``'s tensors (see :meth:`tensors`)."""
         tensors = self.tensors(module)
-        for name, t in tensors.items():
-            by_dtype.setdefault(str(t.dtype).removeprefix("torch."), []).append((name, t))
-        buffers: dict[str, np.ndarray] = {}
-        slots: list[TensorSlot] = []
-        for dtype, items in by_dtype.items():
-            flat = [t.detach().reshape(-1).contiguous().view(torch.uint8) for _, t in items]
-            packed = torch.cat(flat).cpu() if flat else torch.empty(0, dtype=torch.uint8)
-            buffers[dtype] = packed.numpy()
-            offset = 0
-            for (name, t), f in zip(items, flat):
-                slots.append(TensorSlot(name, dtype, tuple(t.shape), offset, f.numel()))
-                offset += f.numel()
+        slots = tuple(TensorSlot(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in tensors.items())
+        raw = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors.values()]
+        if any(r.device.type != "cpu" for r in raw):  # one device-side concatenation, one copy to the host
+            host = torch.cat([r.reshape(-1) for r in raw]).cpu() if raw else torch.empty(0, dtype=torch.uint8)
+            raw = list(torch.split(host, [r.numel() for r in raw]))
         frozen = len(tensors) < len(module.state_dict())
-        return WeightPayload(int(version), buffers, tuple(slots), trainable_only=frozen)
+        return WeightPayload(int(version), slots, tuple(r.numpy() for r in raw), trainable_only=frozen)
 
     def load(self, module: nn.Module, payload: WeightPayload) -> int:
         """Copy ``payload`` into ``module``'s tensors in place; returns the payload's version.
@@ -110,27 +105,20 @@ class WeightSyncer:
                                 f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)} here")
         if problems:
             raise ValueError("weight payload does not fit the module: " + "; ".join(problems))
-        with warnings.catch_warnings():  # buffers read from Ray's object store are read-only; we only read them
+        with torch.no_grad(), warnings.catch_warnings():
+            # arrays read from Ray's object store are read-only; they are only ever read here
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            sources = {d: torch.from_numpy(b) for d, b in payload.buffers.items()}
-        with torch.no_grad():
-            for s in payload.slots:
-                src = sources[s.dtype][s.offset : s.offset + s.nbytes].view(_dtype(s.dtype)).reshape(s.shape)
-                state[s.name].data.copy_(src, non_blocking=True)
+            for s, raw in zip(payload.slots, payload.arrays):
+                state[s.name].data.copy_(_tensor(raw, s), non_blocking=True)
         return payload.version
+
+
+def _tensor(raw: np.ndarray, slot: TensorSlot) -> torch.Tensor:
+    """The tensor ``slot`` describes, viewing the bytes ``raw`` (no copy)."""
+    return torch.from_numpy(raw).view(_dtype(slot.dtype)).reshape(slot.shape)
 
 
 def state_of(payload: WeightPayload) -> dict[str, torch.Tensor]:
     """The payload's tensors as a ``{name: tensor}`` dict on the CPU (copies; e.g. to build a
     model for evaluation in another process)."""
-    out: dict[str, torch.Tensor] = {}
-    for s in payload.slots:
-        raw = torch.from_numpy(np.array(payload.buffers[s.dtype][s.offset : s.offset + s.nbytes]))
-        out[s.name] = raw.view(_dtype(s.dtype)).reshape(s.shape)
-    return out
-
-
-def describe(payload: WeightPayload) -> dict[str, Any]:
-    """Bytes and tensor counts of a payload, for metrics."""
-    return {"weights/bytes": float(payload.nbytes), "weights/tensors": float(len(payload.slots)),
-            "weights/trainable_only": float(payload.trainable_only)}
+    return {s.name: _tensor(np.array(raw), s) for s, raw in zip(payload.slots, payload.arrays)}
