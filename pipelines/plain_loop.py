@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from embodied.algorithms import build_algorithm
+from embodied.algorithms import build_algorithm, build_optimizer
 from embodied.seeding import RngStream, seed_everything
 from envs.registry import make_vec_env
 from pipelines.collect import EnvOutput, TrajectoryRecorder, env_output, resolve_device, with_instructions
@@ -43,7 +43,7 @@ class PlainLoop:
         self.policy = build_policy(cfg.policy, self.env.observation_space, self.env.action_space).to(self.device)
         self.algorithm = build_algorithm(cfg.algo)
         self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False) if self.algorithm.needs_reference else None
-        self.optimizer = torch.optim.Adam([p for p in self.policy.parameters() if p.requires_grad], lr=cfg.algo.lr, eps=1e-5)
+        self.optimizer = build_optimizer(self.policy.parameters(), cfg.algo)
         self.generator = torch.Generator().manual_seed(cfg.seed + 1)  # as the trainer's minibatch shuffles
         rng = RngStream(cfg.seed + 7919, self.device)  # as rollout rank 0's sampling stream
         self.recorder = TrajectoryRecorder(self.policy, self.device, self.algorithm.needs_critic, self.env.action_space, rng)

@@ -29,7 +29,7 @@ from embodied.runtime import Channel, Cluster, RankResources, Worker, WorkerGrou
 from envs.base import to_numpy
 from envs.multiprocess import MultiprocessVecEnv
 from envs.registry import make_vec_env
-from embodied.algorithms import build_algorithm
+from embodied.algorithms import build_algorithm, build_optimizer
 from embodied.rl import TrajectoryBatch, is_text
 from pipelines.collect import to_torch, with_instructions
 from pipelines.config import EmbodiedConfig
@@ -174,7 +174,7 @@ def _probe_trainer(cfg: EmbodiedConfig, policy, obs, action_space, cores: int, l
     TRAINER_PROBE_MINIBATCHES minibatches of the configured size (and half of it), per minibatch;
     one offload/onload."""
     probe = Probe("trainer")
-    optimizer = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=1e-4, eps=1e-5)
+    optimizer = build_optimizer(policy.parameters(), cfg.algo)
     mb = workflow_of(cfg).train_minibatch
     m = TRAINER_PROBE_MINIBATCHES
     algorithm = build_algorithm(dataclasses.replace(cfg.algo, epochs=1, num_minibatches=m, target_kl=None))

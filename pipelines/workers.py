@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from embodied.algorithms import build_algorithm
+from embodied.algorithms import build_algorithm, build_optimizer
 from embodied.offload import Offloader
 from embodied.rl import TrajectoryBatch
 from embodied.runtime import Channel, Worker
@@ -233,8 +233,7 @@ class TrainerWorker(Worker):
             raise UserError(f"algo.name={cfg.algo.name} needs a critic, and policy {cfg.policy.name!r} was built without "
                             "one; use algo.name=grpo or a policy with a value head.")
         self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False) if self.algorithm.needs_reference else None
-        trainable = [p for p in self.policy.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(trainable, lr=cfg.algo.lr, eps=1e-5)
+        self.optimizer = build_optimizer(self.policy.parameters(), cfg.algo)
         self.generator = torch.Generator().manual_seed(cfg.seed + 1)  # minibatch shuffles
         self.syncer = WeightSyncer()
         self.version = 0

@@ -7,7 +7,7 @@ The same code trains an MLP, a CNN, a token policy, a VLA and a language model: 
 calls the policy contract's ``evaluate``.
 """
 
-from embodied.algorithms.base import ALGORITHMS, Advantages, Algorithm, build_algorithm
+from embodied.algorithms.base import ALGORITHMS, Advantages, Algorithm, build_algorithm, build_optimizer
 from embodied.algorithms.config import AlgoConfig
 
-__all__ = ["ALGORITHMS", "Advantages", "AlgoConfig", "Algorithm", "build_algorithm"]
+__all__ = ["ALGORITHMS", "Advantages", "AlgoConfig", "Algorithm", "build_algorithm", "build_optimizer"]

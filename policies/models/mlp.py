@@ -92,8 +92,8 @@ class ActorCriticHeads(Policy):
         out = self.actor(x)  # (B, C * act_dim)
         if self.discrete:  # one Categorical per chunk step: batch shape (B,) or (B, C)
             logits = out if self.action_chunk == 1 else out.reshape(out.shape[0], self.action_chunk, self.act_dim)
-            return Categorical(logits=logits)
-        return Normal(out, self.log_std.exp().expand_as(out))
+            return Categorical(logits=logits, validate_args=False)
+        return Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
 
     def _logprob(self, dist: torch.distributions.Distribution, actions: torch.Tensor) -> torch.Tensor:
         batch = actions.shape[0]

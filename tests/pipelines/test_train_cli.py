@@ -62,6 +62,19 @@ def test_cartpole_ppo_learns_through_the_ray_pipeline(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.learning
+def test_cartpole_grpo_learns_without_a_critic(tmp_path):
+    run = tmp_path / "cartpole-grpo"
+    result = embodied("train", "cartpole_grpo", f"run.dir={run}", "seed=1", "logging.wandb=false")
+    assert result.returncode == 0, result.stderr[-3000:]
+    s = summary(run)
+    assert s["eval/episode_return"] >= 450, s
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert "losses/value" not in rows[-1] and rows[-1]["grpo/unfinished_episodes"] == 0.0
+    assert 0.0 <= rows[-1]["grpo/frac_reward_zero_std"] <= 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.learning
 def test_cartpole_ppo_learns_with_training_beside_the_next_collection(tmp_path):
     run = tmp_path / "cartpole-stale"
     result = embodied("train", "cartpole_ppo", f"run.dir={run}", "seed=1", "algo.staleness=1", "logging.wandb=false")
