@@ -232,10 +232,10 @@ def format_failure(exc: BaseException, context: FailureContext | None = None) ->
     the run was doing; the last checkpoint; the exact command to resume; the log with the full
     traceback. For example::
 
-        A worker failed (exit code 3): interact() raised ValueError: bad action. Where: worker
+        A worker failed (exit code 3): interact() failed: ValueError: bad action. Where: worker
         group env, rank 0, node host-1, pid 4242, env index 3, seed 7. It happened while
         collecting rollouts in iteration 12. Last checkpoint: runs/x/checkpoints/iter_000010
-        (iteration 10). Resume with: embodied train resume=runs/x. Full traceback in
+        (iteration 10). Resume with `embodied train resume=runs/x`. Full traceback in
         runs/x/logs/driver.log.
     """
     ctx = context or FailureContext()
@@ -267,7 +267,7 @@ def format_failure(exc: BaseException, context: FailureContext | None = None) ->
         parts.append(f"Last checkpoint: {ctx.checkpoint}{at}.")
         command = ctx.resume_command or (f"embodied train resume={ctx.run_dir}" if ctx.run_dir is not None else None)
         if command:
-            parts.append(f"Resume with: {command}")
+            parts.append(f"Resume with `{command}`.")
     elif ctx.run_dir is not None:
         parts.append("No checkpoint was saved yet, so there is nothing to resume: start the run again.")
     if ctx.log_path is not None:
