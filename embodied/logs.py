@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import multiprocessing
 import os
 import socket
 import sys
@@ -295,6 +296,7 @@ def redirect_worker_output(label: str, run_dir: str | Path | None = None) -> Pat
     stream = open(path, "a", buffering=1, encoding="utf-8", errors="backslashreplace")
     os.environ[RUN_DIR_ENV] = str(Path(run_dir).resolve())
     os.environ[LABEL_ENV] = label
+    multiprocessing.current_process().name = label  # the process name in every log line
     root = logging.getLogger()
     handler = logging.StreamHandler(stream)
     handler.setLevel(logging.DEBUG)

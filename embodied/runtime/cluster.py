@@ -60,8 +60,7 @@ class ClusterConfig:
     num_gpus: int | None = None
     """GPUs given to a local Ray (default: all visible CUDA devices)."""
     dashboard: bool = False
-    """Start Ray's dashboard (bound to 127.0.0.1 only; needs ``ray[default]``). ``ray list actors``
-    and the state API need it."""
+    """Start Ray's dashboard (bound to 127.0.0.1 only)."""
     timeout_s: float = 600.0
     """Upper bound on any single wait for a worker call or channel message; a stuck run fails
     with an error naming the worker instead of hanging."""

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from embodied import logs
-from embodied.errors import ExitCode, UserError, WorkerFailure, first_paragraph
+from embodied.errors import ExitCode, UserError, WorkerFailure, exit_code_of, first_paragraph, storage_error
 from embodied.runtime.cluster import Cluster
 from embodied.runtime.mailbox import Mailbox, register_mailbox
 
@@ -127,7 +127,7 @@ class _Failure:
         self.type_name = type(exc).__name__
         self.message = str(exc)
         self.is_user_error = isinstance(exc, UserError)
-        self.is_timeout = isinstance(exc, TimeoutError)
+        self.exit_code = exit_code_of(exc)  # a full disk in a worker is still a storage failure (4)
         self.traceback = "".join(traceback.format_exception(exc))
         here = Location.here()
         self.where: dict[str, Any] = {"node": here.node, "pid": here.pid}
@@ -188,9 +188,14 @@ def _ray_host_base() -> type:
         class RayHostBase(_Host):
             def __init__(self, cls: type, group: str, rank: int, world_size: int, args: tuple, kwargs: dict,
                          log_label: str, run_dir: str | None) -> None:
-                logs.redirect_worker_output(log_label, run_dir)
-                super().__init__(cls, group, rank, world_size, args, kwargs)
                 self.inbox = None
+                try:
+                    logs.redirect_worker_output(log_label, run_dir)
+                except OSError as exc:  # reported by ping() like a failed constructor
+                    path = logs.worker_log_path(run_dir or ".", log_label)
+                    self.failure = _Failure(storage_error("Opening the worker's log", path, exc))
+                    return
+                super().__init__(cls, group, rank, world_size, args, kwargs)
                 if self.failure is None:
                     from embodied.runtime.socket_transport import SocketInbox
 
@@ -305,9 +310,12 @@ def _check(fut: GroupFuture, i: int, value: Any) -> Any:
     if isinstance(value, _Failure):
         if value.is_user_error:
             raise WorkerUserError(f"{value.message} (raised in worker {fut.group}[rank {fut.ranks[i]}])")
-        err_cls = WorkerTimeout if value.is_timeout else WorkerError
-        raise err_cls(fut.group, fut.ranks[i], fut.method, f"{value.type_name}: {value.message}", value.traceback,
+        err_cls = WorkerTimeout if value.exit_code == ExitCode.TIMEOUT else WorkerError
+        err = err_cls(fut.group, fut.ranks[i], fut.method, f"{value.type_name}: {value.message}", value.traceback,
                       where=value.where)
+        if value.exit_code == ExitCode.STORAGE:
+            err.exit_code, err.headline = ExitCode.STORAGE, "Storage failed"
+        raise err
     return value
 
 

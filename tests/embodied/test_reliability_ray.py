@@ -18,8 +18,17 @@ import pytest
 import ray
 
 from embodied import logs
-from embodied.errors import exit_code_of
-from embodied.runtime import Cluster, ClusterConfig, RankResources, Worker, WorkerError, WorkerGroup
+from embodied.errors import exit_code_of, format_failure, storage_error
+from embodied.runtime import (
+    ChannelTimeout,
+    Cluster,
+    ClusterConfig,
+    RankResources,
+    Worker,
+    WorkerError,
+    WorkerGroup,
+    WorkerTimeout,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,6 +52,14 @@ class EnvWorker(Worker):
 
     def die(self) -> None:
         os._exit(1)
+
+    def disk_full(self) -> None:
+        import errno
+
+        raise storage_error("Writing the frame buffer", "/videos/x.mp4", OSError(errno.ENOSPC, "No space left on device"))
+
+    def wait_for_nothing(self) -> None:
+        raise ChannelTimeout("no message on 'actions' key 0 within 0.1 s")
 
 
 def _title(pid: int) -> tuple[str, str]:
@@ -108,6 +125,29 @@ def test_a_dead_worker_is_reported_with_its_node_and_pid(ray_cluster):
         group.call("die").wait()
     assert info.value.where["pid"] == pid and info.value.where["node"] == group.locations[0].node
     group.shutdown()
+
+
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_a_worker_keeps_the_kind_of_its_failure(ray_cluster, backend):
+    """A full disk inside a worker exits 4 and a wait that timed out inside it exits 5, like the
+    same failures in the driver; anything else a worker raises exits 3."""
+    cluster = ray_cluster if backend == "ray" else Cluster(ClusterConfig(backend="local", timeout_s=30))
+    group = WorkerGroup(cluster, EnvWorker, 1, name=f"kinds-{backend}", resources=half())
+    try:
+        with pytest.raises(WorkerError) as full:
+            group.call("disk_full").wait()
+        assert exit_code_of(full.value) == 4
+        assert format_failure(full.value).startswith(
+            "Storage failed (exit code 4): disk_full() failed: StorageError: Writing the frame buffer failed at "
+            "/videos/x.mp4: No space left on device")
+        with pytest.raises(WorkerTimeout) as slow:
+            group.call("wait_for_nothing").wait()
+        assert exit_code_of(slow.value) == 5
+        with pytest.raises(WorkerError) as bug:
+            group.call("fail").wait()
+        assert exit_code_of(bug.value) == 3
+    finally:
+        group.shutdown()
 
 
 FRESH_CLUSTER = textwrap.dedent("""
