@@ -278,7 +278,10 @@ def find_checkpoint(path: str | Path, fallback: bool = False) -> Path:
     naming the problem and the newest intact earlier checkpoint; with ``fallback=True`` returns
     that one instead (and logs a warning naming what it skipped). A checkpoint dir named
     explicitly is never replaced by another."""
-    path = Path(path)
+    return _find(Path(path), fallback, warn=True)
+
+
+def _find(path: Path, fallback: bool, warn: bool) -> Path:
     if not path.exists():
         raise UserError(f"No run or checkpoint at {str(path)!r}: the path does not exist.")
     if not path.is_dir():
@@ -305,7 +308,8 @@ def find_checkpoint(path: str | Path, fallback: bool = False) -> Path:
         raise CorruptCheckpointError(f"{what} No earlier checkpoint is intact, so the run cannot be resumed; "
                                      "start it again.", latest)
     if fallback:
-        log.warning("%s Using the newest intact one, %s.", what, previous)
+        if warn:
+            log.warning("%s Using the newest intact one, %s.", what, previous)
         return previous
     raise CorruptCheckpointError(
         f"{what} The newest intact one is {previous} (iteration {iteration_of(previous)}); to continue from "
@@ -319,7 +323,7 @@ def latest_checkpoint(path: str | Path) -> Path | None:
     """The newest intact checkpoint of a run dir (or ``checkpoints/`` dir), or None; never raises
     (for failure messages)."""
     try:
-        return find_checkpoint(path, fallback=True)
+        return _find(Path(path), fallback=True, warn=False)
     except (UserError, StorageError, OSError):
         return None
 

@@ -96,6 +96,8 @@ class Cluster:
         env_vars.update({k: os.environ.get(k, v) for k, v in TORCH_PROCESS_ENV.items()})
         if logs.debug_enabled():
             env_vars[logs.DEBUG_ENV] = "1"
+        if self.run_dir is not None:  # any Ray worker of this job knows where the run's logs go
+            env_vars[logs.RUN_DIR_ENV] = str(self.run_dir.resolve())
         run_log = logs.current_run_log()
         if run_log is not None:
             run_log.adopt_ray_loggers()  # Ray's own messages (its token-auth notice) -> the log file
