@@ -53,7 +53,7 @@ class ExitCode(IntEnum):
 class EmbodiedError(Exception):
     """Base of the failures this project raises on purpose. ``exit_code`` says which kind it is;
     ``where`` holds what is known about the place it happened (``group``, ``rank``, ``node``,
-    ``pid``, ``env_index``, ``seed``, ...), for :func:`format_failure`."""
+    ``pid``, ``env_index``, ``seed``, the worker's ``log`` file, ...), for :func:`format_failure`."""
 
     exit_code: ClassVar[int] = ExitCode.BUG
     #: The start of the failure paragraph (``"A worker failed"``).
@@ -233,8 +233,8 @@ def format_failure(exc: BaseException, context: FailureContext | None = None) ->
     traceback. For example::
 
         A worker failed (exit code 3): interact() failed: ValueError: bad action. Where: worker
-        group env, rank 0, node host-1, pid 4242, env index 3, seed 7. It happened while
-        collecting rollouts in iteration 12. Last checkpoint: runs/x/checkpoints/iter_000010
+        group env, rank 0, node host-1, pid 4242, env index 3, seed 7. Its output is in
+        runs/x/logs/env-0.log. It happened while collecting rollouts in iteration 12. Last checkpoint: runs/x/checkpoints/iter_000010
         (iteration 10). Resume with `embodied train resume=runs/x`. Full traceback in
         runs/x/logs/driver.log.
     """
@@ -260,6 +260,8 @@ def format_failure(exc: BaseException, context: FailureContext | None = None) ->
     known = [label.format(where[key]) for key, label in _WHERE_LABELS if where.get(key) is not None]
     if known:
         parts.append("Where: " + ", ".join(known) + ".")
+    if where.get("log"):
+        parts.append(f"Its output is in {where['log']}.")
     if ctx.doing:
         parts.append(f"It happened while {_sentence(ctx.doing)}")
     if ctx.checkpoint is not None:

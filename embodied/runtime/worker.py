@@ -109,14 +109,15 @@ def _construct(cls: type[W], group: str, rank: int, world_size: int, args: tuple
 
 @dataclass(frozen=True)
 class Location:
-    """Where a rank runs: its host name and process id."""
+    """Where a rank runs: its host name, process id and log file (None: no log file)."""
 
     node: str
     pid: int
+    log: str | None = None
 
     @classmethod
-    def here(cls) -> Location:
-        return cls(socket.gethostname(), os.getpid())
+    def here(cls, log: str | None = None) -> Location:
+        return cls(socket.gethostname(), os.getpid(), log)
 
 
 class _Failure:
@@ -162,7 +163,7 @@ class _Host:
 
     def ping(self) -> _Failure | Location:
         """The construction failure, or where this rank runs."""
-        return self.failure if self.failure is not None else Location.here()
+        return self.failure if self.failure is not None else Location.here(getattr(self, "log_path", None))
 
     def call(self, method: str, args: tuple, kwargs: dict) -> Any:
         if self.failure is not None:
@@ -190,7 +191,8 @@ def _ray_host_base() -> type:
                          log_label: str, run_dir: str | None) -> None:
                 self.inbox = None
                 try:
-                    logs.redirect_worker_output(log_label, run_dir)
+                    log_path = logs.redirect_worker_output(log_label, run_dir)
+                    self.log_path = str(log_path) if log_path is not None else None
                 except OSError as exc:  # reported by ping() like a failed constructor
                     path = logs.worker_log_path(run_dir or ".", log_label)
                     self.failure = _Failure(storage_error("Opening the worker's log", path, exc))
@@ -297,9 +299,11 @@ class GroupFuture:
         return fut if self.backend == "ray" else _LocalRef(fut)
 
     def where(self, i: int) -> dict[str, Any]:
-        """The node and pid of ``ranks[i]``, when known."""
+        """The node, pid and log file of ``ranks[i]``, when known."""
         loc = self.locations[i] if self.locations is not None else None
-        return {"node": loc.node, "pid": loc.pid} if loc is not None else {}
+        if loc is None:
+            return {}
+        return {"node": loc.node, "pid": loc.pid, **({"log": loc.log} if loc.log else {})}
 
     def error(self, i: int, what: str, cls: type[WorkerError] | None = None) -> WorkerError:
         """A :class:`WorkerError` (or ``cls``) for ``ranks[i]`` of this call."""
@@ -312,7 +316,7 @@ def _check(fut: GroupFuture, i: int, value: Any) -> Any:
             raise WorkerUserError(f"{value.message} (raised in worker {fut.group}[rank {fut.ranks[i]}])")
         err_cls = WorkerTimeout if value.exit_code == ExitCode.TIMEOUT else WorkerError
         err = err_cls(fut.group, fut.ranks[i], fut.method, f"{value.type_name}: {value.message}", value.traceback,
-                      where=value.where)
+                      where={**fut.where(i), **value.where})
         if value.exit_code == ExitCode.STORAGE:
             err.exit_code, err.headline = ExitCode.STORAGE, "Storage failed"
         raise err

@@ -138,7 +138,7 @@ def test_intact_checkpoint_lists_its_files_with_sizes(tmp_path):
     assert "files" not in loaded and loaded["iteration"] == 6
 
 
-def test_truncated_latest_is_reported_with_the_intact_previous_one(tmp_path):
+def test_truncated_latest_is_reported_with_the_intact_previous_one(tmp_path, caplog):
     root = _three_checkpoints(tmp_path)
     model_file = root / "iter_000006" / "model.safetensors"
     _truncate(model_file, model_file.stat().st_size - 10)
@@ -150,7 +150,9 @@ def test_truncated_latest_is_reported_with_the_intact_previous_one(tmp_path):
     assert f"The latest checkpoint {root / 'iter_000006'} is corrupt" in msg
     assert "model.safetensors is" in msg and "state.json says" in msg
     assert f"The newest intact one is {root / 'iter_000004'} (iteration 4)" in msg and "resume_fallback=true" in msg
-    assert find_checkpoint(tmp_path, fallback=True) == root / "iter_000004"
+    with caplog.at_level("WARNING", logger="embodied.checkpoint"):
+        assert find_checkpoint(tmp_path, fallback=True) == root / "iter_000004"
+    assert f"Using the newest intact one, {root / 'iter_000004'}." in caplog.text
     _, _, state = load_checkpoint(tmp_path, fallback=True)
     assert state["iteration"] == 4 and state["env_steps"] == 40
     assert latest_checkpoint(tmp_path) == root / "iter_000004"

@@ -62,7 +62,7 @@ def test_every_kind_of_failure_has_its_exit_code(exc, code):
 def test_worker_failure_paragraph_names_what_where_doing_checkpoint_resume_and_log(tmp_path):
     err = WorkerError(
         "env", 0, "interact", "ValueError: bad action", "Traceback (most recent call last):\n  boom\n",
-        where={"node": "host-1", "pid": 4242, "env_index": 3, "seed": 7},
+        where={"node": "host-1", "pid": 4242, "env_index": 3, "seed": 7, "log": "runs/x/logs/env-0.log"},
     )
     ctx = FailureContext(
         doing="collecting rollouts in iteration 12",
@@ -75,6 +75,7 @@ def test_worker_failure_paragraph_names_what_where_doing_checkpoint_resume_and_l
     assert text == (
         "A worker failed (exit code 3): interact() failed: ValueError: bad action. "
         "Where: worker group env, rank 0, node host-1, pid 4242, env index 3, seed 7. "
+        "Its output is in runs/x/logs/env-0.log. "
         "It happened while collecting rollouts in iteration 12. "
         "Last checkpoint: runs/x/checkpoints/iter_000010 (iteration 10). "
         "Resume with `embodied train resume=runs/x`. "

@@ -108,8 +108,9 @@ def test_each_actor_writes_its_own_log_and_failures_say_where(ray_cluster, tmp_p
         err = info.value
         assert exit_code_of(err) == 3
         assert err.where == {"group": "sim", "rank": 0, "node": group.locations[0].node, "pid": pid,
-                             "env_index": 3, "seed": 1234}
+                             "env_index": 3, "seed": 1234, "log": str(tmp_path / "logs" / "sim-0.log")}
         assert group.locations[0].pid == pid
+        assert f"Its output is in {tmp_path / 'logs' / 'sim-0.log'}." in format_failure(err)
     finally:
         group.shutdown()
     text = (tmp_path / "logs" / "sim-0.log").read_text()
