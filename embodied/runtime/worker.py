@@ -438,7 +438,7 @@ class WorkerGroup(Generic[W]):
         self.actor_names: list[str] = []
         """Ray actor names of the ranks (``<group>:<rank>``; empty on the local backend)."""
         self.log_paths: list[Path | None] = [None] * num_ranks
-        """Each rank's log file (Ray backend with a run dir), else None."""
+        """Each rank's log file (Ray backend with a run dir; known once started), else None."""
         self.locations: list[Location | None] = [None] * num_ranks
         """Where each rank runs (known once the group started)."""
         if self.backend == "ray":
@@ -462,6 +462,7 @@ class WorkerGroup(Generic[W]):
                 f"{cluster.num_cpus:g} CPUs / {cluster.num_gpus:g} GPUs in all: are enough free?",
             ) from None
         self.locations = list(started)
+        self.log_paths = [Path(loc.log) if loc.log else None for loc in self.locations]
 
     def _start_actors(self, cls: type, args: tuple, kwargs: dict) -> list[Any]:
         """One Ray actor per rank, named ``<label>:<rank>`` with a label free in this Ray session."""
@@ -483,13 +484,13 @@ class WorkerGroup(Generic[W]):
                         runtime_env={"env_vars": r.env_vars} if r.env_vars else None,
                     ).remote(cls, self.name, rank, self.num_ranks, args, kwargs, log_label,
                              str(run_dir) if run_dir is not None else None))
-            except ray.exceptions.ActorAlreadyExistsError:
+            except ValueError as err:  # ActorAlreadyExistsError: "The name ... is already taken"
                 for h in hosts:
                     ray.kill(h)
+                if "already taken" not in str(err):
+                    raise
                 continue
             self.actor_names = [f"{label}:{rank}" for rank in range(self.num_ranks)]
-            if run_dir is not None:
-                self.log_paths = [logs.worker_log_path(run_dir, f"{label}-{rank}") for rank in range(self.num_ranks)]
             return hosts
         raise RuntimeError(f"no free Ray actor name for worker group {self.name!r} after 10 tries")
 
