@@ -19,9 +19,10 @@ workers' output to it.
 Driver side::
 
     with open_run_log(run_dir) as run_log:       # before the Cluster starts
-        ...
-        except Exception as exc:
-            log_path = log_failure(exc, "iteration 12")   # full traceback -> driver.log
+        try:
+            ...
+        except BaseException as exc:             # full traceback -> driver.log, one paragraph -> terminal
+            return report_failure(exc, FailureContext(doing="...", run_dir=run_dir, checkpoint=...))
 
 Worker side (the runtime calls these; see ``embodied.runtime.worker`` and
 ``envs.multiprocess.worker``): :func:`redirect_worker_output` with the worker's label sends the
@@ -34,14 +35,18 @@ process's output to ``<run_dir>/logs/<label>.log``, taking the run dir from ``EM
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import multiprocessing
 import os
 import socket
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import TextIO
+
+from embodied.errors import FailureContext, UserError, exit_code_of, format_failure
 
 #: Env var holding the run dir, so every worker process knows where to write its log.
 RUN_DIR_ENV = "EMBODIED_RUN_DIR"
@@ -253,6 +258,26 @@ def log_failure(exc: BaseException, doing: str = "") -> Path | None:
     for handler in logging.getLogger().handlers:
         handler.flush()
     return run_log.path
+
+
+def report_failure(exc: BaseException, context: FailureContext | None = None, *, prefix: str = "embodied: error: ",
+                   stream: TextIO | None = None, width: int = 100) -> int:
+    """End a run that failed with ``exc``: its full traceback to the driver log
+    (:func:`log_failure`), ONE paragraph to the terminal (``stream``, default stderr; see
+    ``embodied.errors.format_failure``, quoting the log), and the exit code to return
+    (``embodied.errors.exit_code_of``)."""
+    ctx = dataclasses.replace(context) if context is not None else FailureContext()
+    if not isinstance(exc, UserError):
+        path = log_failure(exc, ctx.doing or "")
+        ctx.log_path = ctx.log_path or path
+    paragraph = format_failure(exc, ctx)
+    logging.getLogger(USER_LOGGER + ".failure").info("%s", paragraph, extra={"terminal": False})
+    out = stream if stream is not None else sys.stderr
+    # paths and the resume command stay whole (copy-pastable): break only at spaces
+    out.write(textwrap.fill(paragraph, width=width, initial_indent=prefix, break_long_words=False,
+                            break_on_hyphens=False) + "\n")
+    out.flush()
+    return exit_code_of(exc)
 
 
 # --- worker processes ----------------------------------------------------------------------------

@@ -151,3 +151,27 @@ def test_process_title_shows_in_ps_comm_and_cmdline():
     assert comm == "env-0-shard1"
     assert args == "embodied::env-0-shard1 with a long tail"
     assert cmdline == "embodied::env-0-shard1 with a long tail"
+
+
+def test_report_failure_logs_the_traceback_prints_one_paragraph_and_returns_the_exit_code(tmp_path, no_debug):
+    from embodied.errors import FailureContext, StorageError, UserError
+
+    terminal, stream = io.StringIO(), io.StringIO()
+    with logs.open_run_log(tmp_path, terminal=terminal) as run_log:
+        try:
+            raise StorageError("Writing metrics.jsonl failed at r/metrics.jsonl: No space left on device.", "r/metrics.jsonl")
+        except StorageError as exc:
+            code = logs.report_failure(exc, FailureContext(doing="logging iteration 7", run_dir=tmp_path), stream=stream,
+                                       prefix="embodied train: error: ")
+        user = logs.report_failure(UserError("Unknown key 'algo.lrr'."), stream=stream)
+    assert (code, user) == (4, 2)
+    assert terminal.getvalue() == ""  # only the paragraphs, on the given stream
+    lines = stream.getvalue().splitlines()
+    text = " ".join(lines[:-1])
+    assert text.startswith("embodied train: error: Storage failed (exit code 4): Writing metrics.jsonl failed")
+    assert "It happened while logging iteration 7." in text and f"Full traceback in {run_log.path}." in text
+    assert all(len(line) <= 100 or " " not in line.strip() for line in lines)
+    assert lines[-1] == "embodied: error: Unknown key 'algo.lrr'."
+    log_text = run_log.path.read_text()
+    assert "failure while logging iteration 7: StorageError" in log_text and "Traceback (most recent call last)" in log_text
+    assert "Storage failed (exit code 4)" in log_text and "Unknown key" in log_text
