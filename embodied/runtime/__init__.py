@@ -6,6 +6,7 @@ from embodied.runtime.mailbox import ChannelTimeout
 from embodied.runtime.worker import (
     Endpoint,
     GroupFuture,
+    Location,
     RankResources,
     Worker,
     WorkerError,
@@ -22,6 +23,7 @@ __all__ = [
     "ClusterConfig",
     "Endpoint",
     "GroupFuture",
+    "Location",
     "RankResources",
     "Worker",
     "WorkerError",

@@ -1,12 +1,30 @@
 """``Cluster``: where workers run. A local Ray by default, an existing Ray cluster on request,
-or in-process (``backend="local"``) for debugging with breakpoints and for fast tests."""
+or in-process (``backend="local"``) for debugging with breakpoints and for fast tests.
+
+A local Ray (no ``cluster.address``) listens on the loopback interface only: its GCS, raylet,
+object manager, runtime-env agent, every worker's and the driver's gRPC server, and the dashboard
+(when enabled) bind to 127.0.0.1, so nothing on the network can reach them. Joining a cluster
+across machines is an explicit ``cluster.address``. Token authentication stays on (Ray's
+default); its notice goes to the run's log file, not the terminal.
+
+With a run dir (``Cluster(cfg, run_dir=...)``) every Ray actor writes its output to
+``<run_dir>/logs/<group>-<rank>.log`` and Ray does not stream worker output to the terminal
+(``log_to_driver=False``; ``EMBODIED_DEBUG=1`` turns streaming back on). See ``embodied.logs``.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
+
+from embodied import logs
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +66,22 @@ class ClusterConfig:
     with an error naming the worker instead of hanging."""
 
 
-class Cluster:
-    """A handle on the compute the run uses. ``with Cluster(cfg) as cluster: ...`` shuts it down."""
+#: Where a local Ray listens (loopback only).
+LOCAL_HOST = "127.0.0.1"
 
-    def __init__(self, cfg: ClusterConfig | None = None) -> None:
+
+class Cluster:
+    """A handle on the compute the run uses. ``with Cluster(cfg) as cluster: ...`` shuts it down.
+
+    ``run_dir``: the run whose ``logs/`` the workers write to (default: the one of the open run
+    log, ``EMBODIED_RUN_DIR``); None keeps worker output where Ray puts it (streamed to the
+    terminal). When Ray is already initialised in this process, the cluster uses it as it is."""
+
+    def __init__(self, cfg: ClusterConfig | None = None, run_dir: str | Path | None = None) -> None:
         self.cfg = cfg or ClusterConfig()
         self.backend = self.cfg.backend
+        env_run_dir = os.environ.get(logs.RUN_DIR_ENV)
+        self.run_dir: Path | None = Path(run_dir) if run_dir is not None else (Path(env_run_dir) if env_run_dir else None)
         self._started_ray = False
         if self.backend == "ray":
             self._init_ray()
@@ -66,20 +94,36 @@ class Cluster:
         # Workers inherit this; keep the driver's imports (the project packages) importable.
         env_vars = {"PYTHONPATH": os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)}
         env_vars.update({k: os.environ.get(k, v) for k, v in TORCH_PROCESS_ENV.items()})
+        if logs.debug_enabled():
+            env_vars[logs.DEBUG_ENV] = "1"
+        if self.run_dir is not None:  # any Ray worker of this job knows where the run's logs go
+            env_vars[logs.RUN_DIR_ENV] = str(self.run_dir.resolve())
+        run_log = logs.current_run_log()
+        if run_log is not None:
+            run_log.adopt_ray_loggers()  # Ray's own messages (its token-auth notice) -> the log file
         kwargs: dict = dict(
             include_dashboard=self.cfg.dashboard,
-            dashboard_host="127.0.0.1",
-            logging_level=logging.WARNING,
-            log_to_driver=True,
+            dashboard_host=LOCAL_HOST,
+            logging_level=logging.DEBUG if run_log is not None else logging.WARNING,
+            # a run log holds Ray's logger as adopted; without one Ray prints its warnings itself
+            configure_logging=run_log is None,
+            # with a run dir every worker writes its own log; streaming it would clutter the terminal
+            log_to_driver=self.run_dir is None or logs.debug_enabled(),
             runtime_env={"env_vars": env_vars},
         )
-        if self.cfg.address is not None:
-            ray.init(address=self.cfg.address, **kwargs)
-        else:
-            num_cpus = self.cfg.num_cpus or os.cpu_count() or 1
-            num_gpus = self.cfg.num_gpus if self.cfg.num_gpus is not None else _cuda_count()
-            os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-            ray.init(num_cpus=num_cpus, num_gpus=num_gpus, **kwargs)
+        with _keep_sigterm_handler():
+            if self.cfg.address is not None:
+                ray.init(address=self.cfg.address, **kwargs)
+            else:
+                num_cpus = self.cfg.num_cpus or os.cpu_count() or 1
+                num_gpus = self.cfg.num_gpus if self.cfg.num_gpus is not None else _cuda_count()
+                os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+                with _loopback_only():
+                    ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _node_ip_address=LOCAL_HOST, **kwargs)
+                node_ip = ray.util.get_node_ip_address()
+                if node_ip != LOCAL_HOST:
+                    log.warning("the local Ray listens on %s, not only on %s (Ray changed how it resolves "
+                                "the node address)", node_ip, LOCAL_HOST)
         self._started_ray = True
 
     @property
@@ -110,6 +154,40 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+@contextlib.contextmanager
+def _loopback_only() -> Iterator[None]:
+    """Let ``ray.init(_node_ip_address="127.0.0.1")`` keep the loopback address.
+
+    Ray replaces a loopback node address with the machine's network address
+    (``services.resolve_ip_for_localhost``) except where it does not support multi-node clusters
+    (``ray_constants.ENABLE_RAY_CLUSTER`` false, as on macOS/Windows). Every Ray process then binds
+    its servers to the node address, i.e. 127.0.0.1. Only the start of a new local cluster runs
+    in this block; ``tests/embodied/test_reliability_ray.py`` checks the result on every Ray
+    upgrade."""
+    from ray._private import ray_constants
+
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
+
+
+@contextlib.contextmanager
+def _keep_sigterm_handler() -> Iterator[None]:
+    """``ray.init`` installs its own SIGTERM handler (``sys.exit``); keep the one the program set
+    (``embodied.errors.exit_on_signals``: exit code 143 after cleanup). Ray's stays where the
+    program had none."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if main and callable(before):
+            signal.signal(signal.SIGTERM, before)
 
 
 def _cuda_count() -> int:

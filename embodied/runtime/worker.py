@@ -7,36 +7,71 @@ the same in both.
 
 Calls return a :class:`GroupFuture`; :func:`wait_all` waits on several with a timeout and fails
 fast: the first worker that raises (or dies) stops the wait with a :class:`WorkerError` naming the
-group, the rank, the method and the original exception.
+group, the rank, the method, the node and pid, and the original exception.
+
+On Ray every rank is an actor whose class is named after the worker class (process title
+``ray::EnvWorker``, ``ray::EnvWorker.call`` while it runs a call) and whose actor name is
+``<group>:<rank>`` (``env:0`` in ``ray list actors``; a group whose name is taken in this Ray
+session, e.g. re-created in a notebook, becomes ``env#2:0``). Each actor sends its logging,
+warnings and Python-level stdout/stderr to ``<run_dir>/logs/<group>-<rank>.log`` when the
+cluster has a run dir (``embodied.logs``).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import logging
+import os
+import socket
 import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from embodied.errors import UserError
+from embodied import logs
+from embodied.errors import ExitCode, UserError, WorkerFailure, exit_code_of, first_paragraph, storage_error
 from embodied.runtime.cluster import Cluster
 from embodied.runtime.mailbox import Mailbox, register_mailbox
 
 W = TypeVar("W", bound="Worker")
 
+log = logging.getLogger(__name__)
 
-class WorkerError(RuntimeError):
-    """A worker raised or died. ``group``, ``rank``, ``method`` say which; ``cause`` is the original."""
+#: Attributes of an exception raised in a worker that are shipped to the driver as ``where``
+#: entries of the :class:`WorkerError` (an env worker error's process index, an env's index/seed).
+_WHERE_ATTRS = ("env_index", "seed", "worker_index")
 
-    def __init__(self, group: str, rank: int, method: str, cause: BaseException | str, remote_tb: str = "") -> None:
+
+class WorkerError(WorkerFailure):
+    """A worker raised or died (exit code 3). ``group``, ``rank``, ``method`` say which; ``cause``
+    is the original (its text when it was raised in another process); ``where`` also holds the
+    ``node`` and ``pid`` of the rank and what the exception knew (``env_index``, ``seed``,
+    ``env_process``)."""
+
+    def __init__(
+        self,
+        group: str,
+        rank: int,
+        method: str,
+        cause: BaseException | str,
+        remote_tb: str = "",
+        where: dict[str, Any] | None = None,
+    ) -> None:
         self.group, self.rank, self.method = group, rank, method
         self.cause = cause
+        self.remote_traceback = remote_tb
         what = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
+        self.what = what
         msg = f"worker {group}[rank {rank}] failed in {method}(): {what}"
         if remote_tb:
             msg += f"\n--- traceback in the worker ---\n{remote_tb.rstrip()}"
-        super().__init__(msg)
+        super().__init__(msg, where={"group": group, "rank": rank, **(where or {})})
+
+    @property
+    def summary(self) -> str:
+        return f"{self.method}() failed: {first_paragraph(self.what)}"
 
 
 class WorkerUserError(UserError):
@@ -44,7 +79,10 @@ class WorkerUserError(UserError):
 
 
 class WorkerTimeout(WorkerError):
-    """A worker did not answer within the timeout."""
+    """A worker did not answer within the timeout, or timed out waiting itself (exit code 5)."""
+
+    exit_code = ExitCode.TIMEOUT
+    headline = "Timed out"
 
 
 class Worker:
@@ -69,14 +107,39 @@ def _construct(cls: type[W], group: str, rank: int, world_size: int, args: tuple
     return obj
 
 
+@dataclass(frozen=True)
+class Location:
+    """Where a rank runs: its host name, process id and log file (None: no log file)."""
+
+    node: str
+    pid: int
+    log: str | None = None
+
+    @classmethod
+    def here(cls, log: str | None = None) -> Location:
+        return cls(socket.gethostname(), os.getpid(), log)
+
+
 class _Failure:
-    """An exception captured inside a worker, shipped back as data (picklable, with its traceback)."""
+    """An exception captured inside a worker, shipped back as data (picklable, with its traceback,
+    where it happened and what the exception knew about it)."""
 
     def __init__(self, exc: BaseException) -> None:
         self.type_name = type(exc).__name__
         self.message = str(exc)
         self.is_user_error = isinstance(exc, UserError)
+        self.exit_code = exit_code_of(exc)  # a full disk in a worker is still a storage failure (4)
         self.traceback = "".join(traceback.format_exception(exc))
+        here = Location.here()
+        self.where: dict[str, Any] = {"node": here.node, "pid": here.pid}
+        self.where.update(getattr(exc, "where", None) or {})
+        for attr in _WHERE_ATTRS:
+            value = getattr(exc, attr, None)
+            if isinstance(value, (int, str)):
+                self.where["env_process" if attr == "worker_index" else attr] = value
+        # The worker's own log file keeps the traceback too (DEBUG: without a log file, Python
+        # would print WARNING+ to stderr; the driver reports the failure).
+        log.debug("raised %s: %s\n%s", self.type_name, self.message, self.traceback.rstrip())
 
 
 def _run(obj: Any, method: str, args: tuple, kwargs: dict) -> Any:
@@ -98,8 +161,9 @@ class _Host:
         except Exception as exc:  # reported by ping()
             self.failure = _Failure(exc)
 
-    def ping(self) -> Any:
-        return self.failure if self.failure is not None else True
+    def ping(self) -> _Failure | Location:
+        """The construction failure, or where this rank runs."""
+        return self.failure if self.failure is not None else Location.here(getattr(self, "log_path", None))
 
     def call(self, method: str, args: tuple, kwargs: dict) -> Any:
         if self.failure is not None:
@@ -110,20 +174,30 @@ class _Host:
         self.worker.mailbox.push(channel, key, producer, seq, item)
 
 
-_RAY_HOST: Any = None
+_RAY_HOST_BASE: Any = None
+_RAY_HOSTS: dict[type, Any] = {}
 
 
-def _ray_host_class() -> Any:
-    """The Ray actor class of ``_Host``: calls run one at a time in the default group, channel pushes
-    in their own thread so a rank blocked in ``Channel.get`` still receives messages."""
-    global _RAY_HOST
-    if _RAY_HOST is None:
+def _ray_host_base() -> type:
+    """The actor side of ``_Host`` on Ray: sends the process's output to its log, then
+    constructs the worker; calls run one at a time in the default group, channel pushes in their
+    own thread so a rank blocked in ``Channel.get`` still receives messages."""
+    global _RAY_HOST_BASE
+    if _RAY_HOST_BASE is None:
         import ray
 
-        class RayHost(_Host):
-            def __init__(self, *args: Any) -> None:
-                super().__init__(*args)
+        class RayHostBase(_Host):
+            def __init__(self, cls: type, group: str, rank: int, world_size: int, args: tuple, kwargs: dict,
+                         log_label: str, run_dir: str | None) -> None:
                 self.inbox = None
+                try:
+                    log_path = logs.redirect_worker_output(log_label, run_dir)
+                    self.log_path = str(log_path) if log_path is not None else None
+                except OSError as exc:  # reported by ping() like a failed constructor
+                    path = logs.worker_log_path(run_dir or ".", log_label)
+                    self.failure = _Failure(storage_error("Opening the worker's log", path, exc))
+                    return
+                super().__init__(cls, group, rank, world_size, args, kwargs)
                 if self.failure is None:
                     from embodied.runtime.socket_transport import SocketInbox
 
@@ -139,8 +213,35 @@ def _ray_host_class() -> Any:
             def push(self, channel: str, key: Any, producer: str, seq: int, item: Any) -> None:
                 super().push(channel, key, producer, seq, item)
 
-        _RAY_HOST = ray.remote(concurrency_groups={"channel": 1})(RayHost)
-    return _RAY_HOST
+        _RAY_HOST_BASE = RayHostBase
+    return _RAY_HOST_BASE
+
+
+def _ray_host_class(cls: type) -> Any:
+    """The Ray actor class hosting worker class ``cls``: named after it, so the actor's process
+    title is ``ray::<cls name>`` and ``ray list actors`` shows that class (one per worker class;
+    the behaviour is the shared base's)."""
+    host = _RAY_HOSTS.get(cls)
+    if host is None:
+        import ray
+
+        named = type(cls.__name__, (_ray_host_base(),), {"__qualname__": cls.__name__, "__module__": __name__})
+        host = _RAY_HOSTS[cls] = ray.remote(concurrency_groups={"channel": 1})(named)
+    return host
+
+
+def _free_group_label(name: str, num_ranks: int) -> str:
+    """A label for a group's Ray actor names (``<label>:<rank>``) that no live actor of this Ray
+    session uses: ``name``, else ``name#2``, ``name#3``, ..."""
+    import ray
+
+    taken = set(ray.util.list_named_actors())
+    k = 1
+    while True:
+        label = name if k == 1 else f"{name}#{k}"
+        if not any(f"{label}:{rank}" in taken for rank in range(num_ranks)):
+            return label
+        k += 1
 
 
 @dataclass
@@ -174,6 +275,8 @@ class GroupFuture:
     futures: list[Any]
     backend: str
     timeout_s: float
+    locations: list[Location | None] | None = field(default=None, repr=False)
+    """Where each of ``ranks`` runs (None: not known yet)."""
     _results: list[Any] | None = field(default=None, repr=False)
 
     def wait(self, timeout_s: float | None = None) -> list[Any]:
@@ -195,13 +298,28 @@ class GroupFuture:
         fut = self.futures[index]
         return fut if self.backend == "ray" else _LocalRef(fut)
 
+    def where(self, i: int) -> dict[str, Any]:
+        """The node, pid and log file of ``ranks[i]``, when known."""
+        loc = self.locations[i] if self.locations is not None else None
+        if loc is None:
+            return {}
+        return {"node": loc.node, "pid": loc.pid, **({"log": loc.log} if loc.log else {})}
+
+    def error(self, i: int, what: str, cls: type[WorkerError] | None = None) -> WorkerError:
+        """A :class:`WorkerError` (or ``cls``) for ``ranks[i]`` of this call."""
+        return (cls or WorkerError)(self.group, self.ranks[i], self.method, what, where=self.where(i))
+
 
 def _check(fut: GroupFuture, i: int, value: Any) -> Any:
     if isinstance(value, _Failure):
-        err_cls = WorkerUserError if value.is_user_error else WorkerError
         if value.is_user_error:
-            raise err_cls(f"{value.message} (raised in worker {fut.group}[rank {fut.ranks[i]}])")
-        raise WorkerError(fut.group, fut.ranks[i], fut.method, f"{value.type_name}: {value.message}", value.traceback)
+            raise WorkerUserError(f"{value.message} (raised in worker {fut.group}[rank {fut.ranks[i]}])")
+        err_cls = WorkerTimeout if value.exit_code == ExitCode.TIMEOUT else WorkerError
+        err = err_cls(fut.group, fut.ranks[i], fut.method, f"{value.type_name}: {value.message}", value.traceback,
+                      where={**fut.where(i), **value.where})
+        if value.exit_code == ExitCode.STORAGE:
+            err.exit_code, err.headline = ExitCode.STORAGE, "Storage failed"
+        raise err
     return value
 
 
@@ -214,9 +332,9 @@ def wait_all(*futures: GroupFuture, timeout_s: float | None = None) -> None:
     timeout = timeout_s if timeout_s is not None else max(f.timeout_s for f in pending)
     deadline = time.monotonic() + timeout
     if pending[0].backend == "ray":
-        _wait_ray(pending, deadline)
+        _wait_ray(pending, deadline, timeout)
     else:
-        _wait_local(pending, deadline)
+        _wait_local(pending, deadline, timeout)
 
 
 def _owner(pending: list[GroupFuture], item: Any) -> tuple[GroupFuture, int]:
@@ -227,7 +345,11 @@ def _owner(pending: list[GroupFuture], item: Any) -> tuple[GroupFuture, int]:
     raise KeyError(item)
 
 
-def _wait_ray(pending: list[GroupFuture], deadline: float) -> None:
+def _no_answer(timeout_s: float) -> str:
+    return f"no answer within the timeout ({timeout_s:g} s, cluster.timeout_s)"
+
+
+def _wait_ray(pending: list[GroupFuture], deadline: float, timeout_s: float) -> None:
     import ray
 
     values: dict[int, Any] = {}
@@ -236,28 +358,28 @@ def _wait_ray(pending: list[GroupFuture], deadline: float) -> None:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             f, i = _owner(pending, waiting[0])
-            raise WorkerTimeout(f.group, f.ranks[i], f.method, f"no answer within the timeout")
+            raise f.error(i, _no_answer(timeout_s), WorkerTimeout)
         ready, waiting = ray.wait(waiting, num_returns=1, timeout=min(remaining, 5.0))
         for ref in ready:
             f, i = _owner(pending, ref)
             try:
                 value = ray.get(ref)
             except ray.exceptions.RayActorError as err:
-                raise WorkerError(f.group, f.ranks[i], f.method, f"the worker process died ({err})") from None
+                raise f.error(i, f"the worker process died ({first_paragraph(str(err))})") from None
             except ray.exceptions.RayError as err:
-                raise WorkerError(f.group, f.ranks[i], f.method, str(err)) from None
+                raise f.error(i, str(err)) from None
             values[id(ref)] = _check(f, i, value)
     for f in pending:
         f._results = [values[id(x)] for x in f.futures]
 
 
-def _wait_local(pending: list[GroupFuture], deadline: float) -> None:
+def _wait_local(pending: list[GroupFuture], deadline: float, timeout_s: float) -> None:
     waiting = {x for f in pending for x in f.futures}
     while waiting:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             f, i = _owner(pending, next(iter(waiting)))
-            raise WorkerTimeout(f.group, f.ranks[i], f.method, "no answer within the timeout")
+            raise f.error(i, _no_answer(timeout_s), WorkerTimeout)
         done, waiting = cf.wait(waiting, timeout=remaining, return_when=cf.FIRST_COMPLETED)
         for x in done:
             f, i = _owner(pending, x)
@@ -313,17 +435,14 @@ class WorkerGroup(Generic[W]):
         self.resources = list(res) if isinstance(res, Sequence) else [res] * num_ranks
         self._executors: list[cf.ThreadPoolExecutor] = []
         self._addresses: list[tuple[str, str] | None] | None = None
+        self.actor_names: list[str] = []
+        """Ray actor names of the ranks (``<group>:<rank>``; empty on the local backend)."""
+        self.log_paths: list[Path | None] = [None] * num_ranks
+        """Each rank's log file (Ray backend with a run dir; known once started), else None."""
+        self.locations: list[Location | None] = [None] * num_ranks
+        """Where each rank runs (known once the group started)."""
         if self.backend == "ray":
-            host = _ray_host_class()
-            self._hosts = [
-                host.options(
-                    num_cpus=r.num_cpus,
-                    num_gpus=r.num_gpus,
-                    max_concurrency=1,
-                    runtime_env={"env_vars": r.env_vars} if r.env_vars else None,
-                ).remote(cls, self.name, rank, num_ranks, args, kwargs)
-                for rank, r in enumerate(self.resources)
-            ]
+            self._hosts = self._start_actors(cls, args, kwargs)
             pings = [h.ping.remote() for h in self._hosts]
         else:
             self._hosts = []
@@ -334,7 +453,7 @@ class WorkerGroup(Generic[W]):
             pings = [self._executors[r].submit(self._hosts[r].ping) for r in range(num_ranks)]
         # Construction errors surface here, naming the rank.
         try:
-            GroupFuture(self.name, "__init__", list(range(num_ranks)), pings, self.backend, self.timeout_s).wait()
+            started = GroupFuture(self.name, "__init__", list(range(num_ranks)), pings, self.backend, self.timeout_s).wait()
         except WorkerTimeout as err:
             want = ", ".join(f"{r.num_cpus:g} CPU / {r.num_gpus:g} GPU" for r in self.resources)
             raise WorkerTimeout(
@@ -342,6 +461,38 @@ class WorkerGroup(Generic[W]):
                 f"not started within {self.timeout_s:.0f} s. Its ranks ask for [{want}] and the cluster has "
                 f"{cluster.num_cpus:g} CPUs / {cluster.num_gpus:g} GPUs in all: are enough free?",
             ) from None
+        self.locations = list(started)
+        self.log_paths = [Path(loc.log) if loc.log else None for loc in self.locations]
+
+    def _start_actors(self, cls: type, args: tuple, kwargs: dict) -> list[Any]:
+        """One Ray actor per rank, named ``<label>:<rank>`` with a label free in this Ray session."""
+        import ray
+
+        host = _ray_host_class(cls)
+        run_dir = self.cluster.run_dir
+        for _ in range(10):  # another driver may take a free label between the look and the creation
+            label = _free_group_label(self.name, self.num_ranks)
+            hosts: list[Any] = []
+            try:
+                for rank, r in enumerate(self.resources):
+                    log_label = f"{label}-{rank}"
+                    hosts.append(host.options(
+                        name=f"{label}:{rank}",
+                        num_cpus=r.num_cpus,
+                        num_gpus=r.num_gpus,
+                        max_concurrency=1,
+                        runtime_env={"env_vars": r.env_vars} if r.env_vars else None,
+                    ).remote(cls, self.name, rank, self.num_ranks, args, kwargs, log_label,
+                             str(run_dir) if run_dir is not None else None))
+            except ValueError as err:  # ActorAlreadyExistsError: "The name ... is already taken"
+                for h in hosts:
+                    ray.kill(h)
+                if "already taken" not in str(err):
+                    raise
+                continue
+            self.actor_names = [f"{label}:{rank}" for rank in range(self.num_ranks)]
+            return hosts
+        raise RuntimeError(f"no free Ray actor name for worker group {self.name!r} after 10 tries")
 
     def call(self, method: str, *args: Any, ranks: Sequence[int] | None = None, **kwargs: Any) -> GroupFuture:
         if not callable(getattr(self.cls, method, None)):
@@ -353,7 +504,8 @@ class WorkerGroup(Generic[W]):
                 futures.append(self._hosts[rank].call.remote(method, args, kwargs))
             else:
                 futures.append(self._executors[rank].submit(self._hosts[rank].call, method, args, kwargs))
-        return GroupFuture(self.name, method, chosen, futures, self.backend, self.timeout_s)
+        return GroupFuture(self.name, method, chosen, futures, self.backend, self.timeout_s,
+                           [self.locations[r] for r in chosen])
 
     def call_per_rank(self, method: str, per_rank_args: Sequence[tuple], **kwargs: Any) -> GroupFuture:
         """Call ``method`` on every rank with its own positional args."""
@@ -363,7 +515,8 @@ class WorkerGroup(Generic[W]):
                 futures.append(self._hosts[rank].call.remote(method, tuple(args), kwargs))
             else:
                 futures.append(self._executors[rank].submit(self._hosts[rank].call, method, tuple(args), kwargs))
-        return GroupFuture(self.name, method, list(range(len(futures))), futures, self.backend, self.timeout_s)
+        return GroupFuture(self.name, method, list(range(len(futures))), futures, self.backend, self.timeout_s,
+                           self.locations[: len(futures)])
 
     def endpoints(self) -> list[Endpoint]:
         """Per-rank addresses for channels (Ray handle and same-machine socket; None in-process)."""

@@ -23,6 +23,7 @@ import cloudpickle
 import gymnasium as gym
 import numpy as np
 
+from embodied import logs
 from embodied.errors import UserError
 from envs.base import Array, ChunkStepResult, Obs, StepResult, VecEnv, env_seeds, to_numpy
 from envs.multiprocess.buffers import StepBuffers
@@ -134,7 +135,7 @@ class MultiprocessVecEnv(VecEnv):
                 proc = ctx.Process(
                     target=worker_main,
                     args=(i, child_conn, payload, env_vars, threads_per_worker, cores, spin_s),
-                    name=f"EnvWorker-{i}",
+                    name=logs.child_label(f"shard{i}"),  # its process title and log label too
                     daemon=True,
                 )
                 proc.start()

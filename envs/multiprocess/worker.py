@@ -22,6 +22,7 @@ from typing import Any
 
 import cloudpickle
 
+from embodied import logs
 from embodied.errors import UserError
 from envs.multiprocess.buffers import StepBuffers
 from envs.multiprocess.doorbell import DEFAULT_SPIN_S, WAKE, CommandWaiter, Doorbell, memory_fence
@@ -49,6 +50,14 @@ def worker_main(
     # Before any simulator (or torch) import: the parent's environment (a forkserver started
     # earlier may hold an older one), then the worker's thread budget.
     os.environ.update(env_vars)
+    for key in (logs.RUN_DIR_ENV, logs.LABEL_ENV):  # unset in the parent: unset here too
+        if key not in env_vars:
+            os.environ.pop(key, None)
+    # Name the process after the shard it hosts (ps: "env-0-shard1"), and send its output to
+    # <run_dir>/logs/env-0-shard1.log when the parent has a run dir (embodied.logs).
+    label = logs.child_label(f"shard{index}")
+    logs.set_process_title(f"embodied::{label}", comm=label)
+    logs.redirect_worker_output(label)
     for key in THREAD_ENV_VARS:
         os.environ[key] = str(threads)
     _limit_torch_threads(threads)
