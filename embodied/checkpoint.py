@@ -296,7 +296,7 @@ def _find(path: Path, fallback: bool, warn: bool) -> Path:
     if root is None or latest is None:
         raise UserError(
             f"No checkpoint in {str(path)!r}: expected a run dir with checkpoints/latest, or a checkpoint "
-            "dir holding model.safetensors. Runs save checkpoints every run.checkpoint_every iterations "
+            "dir holding model.safetensors. Runs save checkpoints every checkpoint.every iterations "
             "and at the end."
         )
     problems = checkpoint_problems(latest) if latest.exists() else [f"it does not exist ({LATEST} names it)"]

@@ -155,6 +155,9 @@ class RunLog:
         root = logging.getLogger()
         self._root_level = root.level
         root.setLevel(logging.DEBUG)
+        self._console_was_on = _console is not None and _console in root.handlers
+        if self._console_was_on:
+            root.removeHandler(_console)  # this run's terminal handler takes its place
         root.addHandler(self._file)
         root.addHandler(self._terminal)
         self._captured_warnings = _warnings_captured()
@@ -198,6 +201,8 @@ class RunLog:
         root.removeHandler(self._file)
         root.removeHandler(self._terminal)
         root.setLevel(self._root_level)
+        if self._console_was_on and _console is not None:
+            root.addHandler(_console)
         self._file.close()
         logging.captureWarnings(self._captured_warnings)
         for name, (level, propagate, handlers) in self._ray_state.items():
@@ -222,6 +227,24 @@ class RunLog:
 
 
 _current: RunLog | None = None
+_console: logging.Handler | None = None
+
+
+def console_logging(debug: bool | None = None) -> None:
+    """What the terminal shows when no run log is open (``embodied plan``, ``eval``, ``config``):
+    the project's INFO+ and other libraries' errors, as in a run, without a log file. A run log
+    opened later replaces it while it is open. Idempotent."""
+    global _console
+    root = logging.getLogger()
+    if _console is None:
+        _console = _StderrAtEmit()
+        _console.setLevel(logging.DEBUG)
+        _console.addFilter(_TerminalFilter(debug_enabled() if debug is None else debug))
+        _console.setFormatter(_TerminalFormatter())
+    if _console not in root.handlers and _current is None:
+        root.addHandler(_console)
+    if root.level > logging.INFO or root.level == logging.NOTSET:
+        root.setLevel(logging.INFO)
 
 
 def open_run_log(run_dir: str | Path, *, debug: bool | None = None, terminal: TextIO | None = None) -> RunLog:

@@ -1,10 +1,14 @@
-"""Progress of a training run: a live bar on a terminal, plain periodic lines otherwise."""
+"""Progress of a training run: a live bar on a terminal, plain periodic log lines otherwise (the
+terminal and the run's log file)."""
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from typing import Any
+
+LOG = logging.getLogger("embodied.progress")
 
 
 def _fmt(v: Any) -> str:
@@ -57,10 +61,9 @@ class Progress:
             self._last_line = elapsed
             remaining = max(0.0, self.total - env_steps) / sps if sps > 0 else float("nan")
             pct = 100.0 * env_steps / max(self.total, 1)
-            print(
+            LOG.info(
                 f"[train] {env_steps:,}/{self.total:,} steps ({pct:.0f}%) | {sps:,.0f} steps/s | "
-                f"return {_fmt(ret)} | success {_fmt(succ)} | elapsed {elapsed:.0f}s | ETA {remaining:.0f}s",
-                flush=True,
+                f"return {_fmt(ret)} | success {_fmt(succ)} | elapsed {elapsed:.0f}s | ETA {remaining:.0f}s"
             )
 
     def close(self) -> None:

@@ -22,11 +22,13 @@ from typing import Any
 
 from embodied.config import apply_overrides, load_yaml, parse_override
 from embodied.errors import UserError
+from embodied.logs import console_logging
 from embodied.runtime.cluster import apply_torch_process_env
 
 apply_torch_process_env()  # before anything loads torch: the driver runs policies too
 
 EXIT_USER_ERROR = 2
+LOG = logging.getLogger("embodied")
 
 
 def _split_recipe(args: list[str]) -> tuple[str | None, list[str]]:
@@ -53,30 +55,42 @@ def build_train_config(args: list[str]):
     if resume is not None:
         from embodied.checkpoint import find_checkpoint
 
-        find_checkpoint(resume)  # a clear error before anything else
+        if not (Path(resume) / "config.yaml").is_file():
+            find_checkpoint(resume)  # no run there at all: the checkpoint error says what was expected
+            raise UserError(f"resume={resume!r} is not a run dir (no config.yaml in it).")
         data = load_yaml(Path(resume) / "config.yaml")
         data["resume"] = resume
         data.setdefault("run", {})["dir"] = resume
         if recipe is not None and recipe != data.get("recipe"):
             raise UserError(f"resume={resume} continues recipe {data.get('recipe')!r}; do not name another recipe ({recipe!r}).")
-        return apply_overrides(schema_of(data), data, rest)
+        cfg = apply_overrides(schema_of(data), data, rest)
+        find_checkpoint(resume, fallback=cfg.resume_fallback)  # a corrupt latest checkpoint: a clear error now
+        return cfg
     _, data = load_recipe(recipe or DEFAULT_RECIPE)
     return apply_overrides(schema_of(data), data, rest)
 
 
 def cmd_train(args: list[str]) -> int:
+    from embodied.checkpoint import find_checkpoint
+    from embodied.logs import open_run_log, report_failure
     from pipelines.preflight import preflight
     from pipelines.rundir import RunDir
     from pipelines.runner import Runner
     from pipelines.workflow import WORKFLOWS
 
     cfg = build_train_config(args)
-    preflight(cfg)  # env id, policy vs action space: fail before a run dir is touched
+    spaces = preflight(cfg)  # env id, policy vs action space: fail before a run dir is touched
     workflow = WORKFLOWS.get(cfg.workflow).build(cfg)
-    run = RunDir.create(cfg, resume=cfg.resume is not None)
-    print(f"[embodied] recipe {cfg.recipe} -> {run.path}", flush=True)
-    summary = Runner(cfg, run, workflow).run()
-    _print_summary(summary, run.path)
+    if cfg.resume is not None:  # the new config must build the model the checkpoint holds
+        workflow.check_checkpoint(find_checkpoint(cfg.resume, fallback=cfg.resume_fallback), *spaces)
+    with RunDir.create(cfg, resume=cfg.resume is not None) as run, open_run_log(run.path):
+        LOG.info(f"[embodied] recipe {cfg.recipe} -> {run.path} (logs in {run.path / 'logs'})")
+        runner = Runner(cfg, run, workflow)
+        try:
+            summary = runner.run()
+        except BaseException as exc:  # one paragraph on the terminal, the traceback in the log
+            return report_failure(exc, runner.failure_context())
+        _print_summary(summary, run.path)
     return 0
 
 
@@ -88,7 +102,7 @@ def _print_summary(summary: dict[str, Any], run_dir: Path | None = None) -> None
             v = summary[k]
             parts.append(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}")
     where = f" (run dir: {run_dir})" if run_dir else ""
-    print("[embodied] done: " + ", ".join(parts) + where, flush=True)
+    LOG.info("[embodied] done: " + ", ".join(parts) + where)
 
 
 def cmd_eval(args: list[str]) -> int:
@@ -163,22 +177,10 @@ def register_command(name: str, fn, help_text: str) -> None:
     COMMANDS[name] = (fn, help_text)
 
 
-def _console_logging() -> None:
-    """User-facing lines of the ``embodied`` logger (INFO) on stdout, as plain messages."""
-    log = logging.getLogger("embodied")
-    if not any(getattr(h, "embodied_console", False) for h in log.handlers):
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        handler.embodied_console = True  # type: ignore[attr-defined]
-        log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
-
-
 def main(argv: list[str] | None = None) -> int:
     import pipelines.plan_cli  # noqa: F401  (registers `embodied plan`)
 
-    _console_logging()
+    console_logging()
     parser = argparse.ArgumentParser(
         prog="embodied",
         description="Embodied: RL for embodied policies with an M2Flow planner.",

@@ -196,6 +196,9 @@ class EmbodiedConfig:
     """Seeds torch, numpy, python and the envs (env i of worker r gets seed + 1000 * r + i)."""
     resume: str | None = None
     """A run dir to continue from its latest checkpoint."""
+    resume_fallback: bool = False
+    """With ``resume``: when the latest checkpoint is corrupt (a kill or a full disk while it was
+    written), continue from the newest intact one instead of stopping with an error."""
     run: RunConfig = field(default_factory=RunConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)

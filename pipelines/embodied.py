@@ -24,7 +24,8 @@ import numpy as np
 
 from embodied.algorithms import build_algorithm
 from embodied.runtime import Channel, Cluster, GroupFuture, RankResources, WorkerGroup, wait_all
-from embodied.runtime.weights import state_of
+from embodied.checkpoint import check_compatible
+from embodied.runtime.weights import WeightSyncer, state_of
 from pipelines.collect import resolve_device
 from pipelines.config import EmbodiedConfig
 from pipelines.evaluate import evaluate_policy
@@ -211,6 +212,10 @@ class EmbodiedWorkflow(Workflow):
 
     def load_trainer_state(self, state: dict[str, Any]) -> None:
         self.trainer.call("load_state", state["model"], state.get("optimizer"), state["version"], state.get("generator")).wait()
+
+    def check_checkpoint(self, checkpoint: Path, *spaces: Any) -> None:
+        policy = build_policy(self.cfg.policy, *spaces)
+        check_compatible(WeightSyncer().tensors(policy), checkpoint, where=f"checkpoint {checkpoint}")
 
     def evaluate(self, video_dir: Path | None) -> dict[str, Any]:
         """Evaluate the trainer's current weights in this process."""

@@ -8,12 +8,18 @@ plan's layout; continue from the latest checkpoint on ``resume=``; then iterate 
 spent, with progress, metrics, evaluation every ``eval.every`` iterations, re-planning on drift
 (:mod:`pipelines.replan`) and checkpoints every ``checkpoint.every``; finally a checkpoint, the
 final evaluation (with its video) and ``summary.json``.
+
+A first Ctrl-C (SIGINT) or SIGTERM stops the run after the current iteration: a checkpoint and
+``summary.json`` are written, every process the run started is stopped, and the run ends with
+``KeyboardInterrupt`` (exit code 130) or ``Terminated`` (143); a second one aborts at once.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,9 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from embodied.checkpoint import load_checkpoint, save_checkpoint
+from embodied.checkpoint import iteration_of, latest_checkpoint, load_checkpoint, save_checkpoint
 from embodied.config import to_dict
-from embodied.metrics import MetricsLogger, read_metrics
+from embodied.errors import FailureContext, Terminated
+from embodied.metrics import MetricsLogger, ResumePoint, read_metrics
 from embodied.progress import Progress
 from embodied.runtime import Cluster
 from embodied.seeding import seed_everything
@@ -48,6 +55,8 @@ class Runner:
         self.profile: Profile | None = None
         self.layout: Layout | None = None
         self.replanner = Replanner(workflow, cfg.plan.replan_threshold)
+        self.doing = "starting"  # what the run is doing, for failure messages
+        self.stop_signal: int | None = None  # a first Ctrl-C / SIGTERM: stop after this iteration
 
     # --- setup -------------------------------------------------------------------------------------
     def plan(self, cluster: Cluster) -> PlanResult | None:
@@ -73,19 +82,19 @@ class Runner:
         self.workflow.build(cluster, self.layout, self.profile)
         return result
 
-    def resume(self) -> None:
-        """Continue from the run dir's latest checkpoint."""
+    def read_checkpoint(self) -> tuple[dict[str, Any], ResumePoint]:
+        """The checkpoint ``resume=`` continues from (the latest intact one with
+        ``resume_fallback=true``) and the point the metrics continue from."""
         assert self.run_dir is not None
-        model, optimizer, state = load_checkpoint(self.run_dir.path)
+        model, optimizer, state = load_checkpoint(self.run_dir.path, fallback=self.cfg.resume_fallback)
         generator = state.get("generator")
-        self.workflow.load_trainer_state({
-            "model": model, "optimizer": optimizer, "version": state["version"],
-            "generator": None if generator is None else torch.tensor(generator, dtype=torch.uint8),
-        })
+        trainer = {"model": model, "optimizer": optimizer, "version": state["version"],
+                   "generator": None if generator is None else torch.tensor(generator, dtype=torch.uint8)}
         self.iteration = int(state["iteration"])
         self.steps = int(state["env_steps"])
         self.wall_s_before = float(state.get("wall_s", 0.0))
-        LOG.info(f"[embodied] resumed from {state['path']} at iteration {self.iteration}, {self.steps:,} env steps")
+        self.resumed_from = state["path"]
+        return trainer, ResumePoint(self.iteration, self.steps)
 
     # --- the run loop ------------------------------------------------------------------------------
     def lr(self) -> float:
@@ -108,59 +117,115 @@ class Runner:
         return {"iteration": self.iteration, "env_steps": self.steps, **metrics}
 
     def run(self) -> dict[str, Any]:
-        """The whole run (see the module docstring); returns the summary."""
+        """The whole run (see the module docstring); returns the summary. A stop requested by a
+        signal ends it with ``KeyboardInterrupt`` / ``Terminated`` after the checkpoint and summary."""
         cfg, run = self.cfg, self.run_dir
         assert run is not None, "Runner.run() writes a run dir"
         seed_everything(cfg.seed)
+        trainer_state, resume_point = self.read_checkpoint() if cfg.resume is not None else (None, None)
         logger = MetricsLogger(
             run.path, to_dict(cfg), cfg.logging.tensorboard, cfg.logging.wandb,
-            cfg.logging.wandb_project, cfg.logging.wandb_mode, resume=cfg.resume is not None,
+            cfg.logging.wandb_project, cfg.logging.wandb_mode, resume=cfg.resume is not None, resume_from=resume_point,
         )
-        cluster = Cluster(cfg.cluster)
         progress = None
+        cluster = None
         try:
-            result = self.start(cluster)
-            self.save_plan(result)
-            if cfg.resume is not None:
-                self.resume()
-            progress = Progress(self.workflow.total_steps, cfg.logging.progress, cfg.run.log_every_s, self.steps)
-            t_start = time.perf_counter()
-            last: dict[str, Any] = {}
-            while not self.done():
-                metrics = self.step()
-                metrics["wall_s"] = self.wall_s_before + time.perf_counter() - t_start
-                if cfg.eval.every and self.iteration % cfg.eval.every == 0 and not self.done():
-                    metrics.update(self.workflow.evaluate(video_dir=None))
-                self.watch_plan(metrics)
-                logger.log(metrics, step=self.steps)
-                progress.update(self.steps, metrics)
-                last = metrics
-                if cfg.checkpoint.every and self.iteration % cfg.checkpoint.every == 0:
-                    self.checkpoint(metrics["wall_s"])
-            self.workflow.drain(self.lr())  # a batch still waiting for training (staleness 1)
-            progress.close()
-            progress = None
-            wall_s = self.wall_s_before + time.perf_counter() - t_start
-            self.checkpoint(wall_s)
-            final_eval = self.workflow.evaluate(video_dir=run.path / "videos" if cfg.eval.video else None)
-            summary = {
-                "recipe": cfg.recipe,
-                "iterations": self.iteration,
-                "env_steps": self.steps,
-                "wall_s": wall_s,
-                "train/episode_return": last.get("train/episode_return"),
-                "train/success_rate": last.get("train/success_rate"),
-                "perf/env_steps_per_s": self.mean_throughput(),
-                **final_eval,
-            }
-            logger.summary(summary)
+            with self.graceful_stop():
+                self.doing = "starting the cluster"
+                cluster = Cluster(cfg.cluster, run_dir=run.path)
+                self.doing = "profiling and planning"
+                result = self.start(cluster)
+                self.save_plan(result)
+                if trainer_state is not None:
+                    self.workflow.load_trainer_state(trainer_state)
+                    LOG.info(f"[embodied] resumed from {self.resumed_from} at iteration {self.iteration}, {self.steps:,} env steps")
+                progress = Progress(self.workflow.total_steps, cfg.logging.progress, cfg.run.log_every_s, self.steps)
+                t_start = time.perf_counter()
+                last: dict[str, Any] = {}
+                while not self.done() and self.stop_signal is None:
+                    self.doing = f"running iteration {self.iteration + 1}"
+                    metrics = self.step()
+                    metrics["wall_s"] = self.wall_s_before + time.perf_counter() - t_start
+                    if cfg.eval.every and self.iteration % cfg.eval.every == 0 and not self.done():
+                        self.doing = f"evaluating after iteration {self.iteration}"
+                        metrics.update(self.workflow.evaluate(video_dir=None))
+                    self.watch_plan(metrics)
+                    logger.log(metrics, step=self.steps)
+                    progress.update(self.steps, metrics)
+                    last = metrics
+                    if cfg.checkpoint.every and self.iteration % cfg.checkpoint.every == 0:
+                        self.checkpoint(metrics["wall_s"])
+                self.doing = "training on the last batch"
+                self.workflow.drain(self.lr())  # a batch still waiting for training (staleness 1)
+                progress.close()
+                progress = None
+                wall_s = self.wall_s_before + time.perf_counter() - t_start
+                self.checkpoint(wall_s)
+                interrupted = self.stop_signal is not None
+                final_eval = {} if interrupted else self.final_evaluation()
+                summary = {
+                    "recipe": cfg.recipe,
+                    "iterations": self.iteration,
+                    "env_steps": self.steps,
+                    "wall_s": wall_s,
+                    "train/episode_return": last.get("train/episode_return"),
+                    "train/success_rate": last.get("train/success_rate"),
+                    "perf/env_steps_per_s": self.mean_throughput(),
+                    **final_eval,
+                }
+                if interrupted:
+                    summary["interrupted"] = signal.Signals(self.stop_signal).name
+                logger.summary(summary)
+            if self.stop_signal is not None:
+                self.doing = f"stopping after iteration {self.iteration} on {signal.Signals(self.stop_signal).name}"
+                raise KeyboardInterrupt if self.stop_signal == signal.SIGINT else Terminated(self.stop_signal)
             return summary
         finally:
             if progress is not None:
                 progress.close()
             logger.close()
             self.workflow.close()
-            cluster.shutdown()
+            if cluster is not None:
+                cluster.shutdown()
+
+    def final_evaluation(self) -> dict[str, Any]:
+        self.doing = "evaluating the final policy"
+        video = self.run_dir.path / "videos" if self.cfg.eval.video and self.run_dir is not None else None
+        return self.workflow.evaluate(video_dir=video)
+
+    def graceful_stop(self) -> Any:
+        """Within the block, a first SIGINT or SIGTERM asks the run to stop after the current
+        iteration (:attr:`stop_signal`); a second one aborts at once (``KeyboardInterrupt`` /
+        ``Terminated``). Only in the main thread; the previous handlers come back after."""
+        runner = self
+
+        class _Stop:
+            def __enter__(self) -> None:
+                self.saved = {}
+                if threading.current_thread() is not threading.main_thread():
+                    return
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    self.saved[sig] = signal.signal(sig, self.handle)
+
+            def handle(self, signum: int, frame: Any) -> None:
+                if runner.stop_signal is not None:  # the second signal: abort now
+                    raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
+                runner.stop_signal = signum
+                LOG.info(f"[embodied] {signal.Signals(signum).name}: stopping after the current iteration (a checkpoint "
+                         "and summary.json are written); send it again to abort at once")
+
+            def __exit__(self, *exc: object) -> None:
+                for sig, handler in self.saved.items():
+                    signal.signal(sig, handler)
+
+        return _Stop()
+
+    def failure_context(self) -> FailureContext:
+        """What the failure paragraph needs: what the run was doing, its last checkpoint, how to resume."""
+        run_dir = self.run_dir.path if self.run_dir is not None else None
+        ckpt = latest_checkpoint(run_dir) if run_dir is not None else None
+        return FailureContext(doing=self.doing, run_dir=run_dir, checkpoint=ckpt,
+                              checkpoint_iteration=iteration_of(ckpt) if ckpt is not None else None)
 
     def watch_plan(self, metrics: dict[str, Any]) -> None:
         """Re-plan when the measured iterations drift from the prediction (see :mod:`pipelines.replan`)."""
@@ -202,6 +267,7 @@ class Runner:
 
     def checkpoint(self, wall_s: float) -> Path:
         assert self.run_dir is not None
+        self.doing = f"saving the checkpoint of iteration {self.iteration}"
         state = self.workflow.trainer_state()
         generator = state.get("generator")
         return save_checkpoint(

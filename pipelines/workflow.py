@@ -140,6 +140,11 @@ class Workflow(ABC):
         """Continue from a checkpoint's state."""
 
     @abstractmethod
+    def check_checkpoint(self, checkpoint: Path, *spaces: Any) -> None:
+        """Raise a UserError naming every difference when ``checkpoint`` does not fit the model
+        this config builds (before a resume writes anything)."""
+
+    @abstractmethod
     def evaluate(self, video_dir: Path | None) -> dict[str, Any]:
         """Evaluate the trainer's current weights (``eval/*`` metrics)."""
 

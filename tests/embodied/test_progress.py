@@ -1,18 +1,20 @@
-"""Plain progress lines (what a run prints when stdout is not a terminal)."""
+"""Plain progress lines (what a run logs when stdout is not a terminal)."""
 
 from __future__ import annotations
 
+import logging
 import re
 
 from embodied.progress import Progress
 
 
-def test_lines_report_steps_rate_and_a_non_negative_eta(capsys):
+def test_lines_report_steps_rate_and_a_non_negative_eta(caplog):
+    caplog.set_level(logging.INFO, logger="embodied.progress")
     progress = Progress(1000, mode="lines", log_every_s=0.0)
     progress.update(400, {"train/episode_return": 1.5, "train/success_rate": 0.25})
     progress.update(1200, {}, force=True)  # past the total: never a negative ETA
     progress.close()
-    lines = capsys.readouterr().out.splitlines()
+    lines = [r.getMessage() for r in caplog.records if r.name == "embodied.progress"]
     assert lines[0].startswith("[train] 400/1,000 steps (40%)") and "return 1.5" in lines[0] and "success 0.25" in lines[0]
     etas = [float(re.search(r"ETA (-?\d+)s", line).group(1)) for line in lines]
     assert all(eta >= 0 for eta in etas) and etas[-1] == 0
