@@ -104,14 +104,12 @@ class Variant:
 
 def raw_maniskill(cfg: EnvConfig) -> Any:
     """A ManiSkill CPU env exactly as the adapter makes it, with ManiSkill's own CPUGymWrapper."""
-    import gymnasium as gym
-
-    from envs.adapters.maniskill_adapter import _maniskill_kwargs, maniskill_registry
+    from envs.adapters.maniskill_adapter import make_raw_maniskill, maniskill_registry
 
     maniskill_registry()
     from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
 
-    return CPUGymWrapper(gym.make(cfg.id, max_episode_steps=cfg.max_episode_steps, **_maniskill_kwargs(cfg, "physx_cpu", 1)))
+    return CPUGymWrapper(make_raw_maniskill(cfg, "physx_cpu", 1))
 
 
 def raw_gymnasium(cfg: EnvConfig) -> Any:

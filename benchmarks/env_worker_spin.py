@@ -89,8 +89,7 @@ VARIANTS = {"off": (0, False), "workers": (SPIN_US, False), "both": (SPIN_US, Tr
 
 def _parent_blocks(env: MultiprocessVecEnv) -> MultiprocessVecEnv:
     """The workers' spin alone: the parent blocks for every reply."""
-    for waiter in env._reply_waiters:
-        waiter.spin_s = 0.0
+    env.set_reply_spin(0.0)
     return env
 
 

@@ -67,14 +67,14 @@ def run(env_id: str, obs_mode: str, num_envs: int, sim_backend: str, rounds: int
     from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
     from envs.adapters.batched_adapter import BatchedVecEnv
-    from envs.adapters.maniskill_adapter import ManiSkillBatchedEnv, _make_maniskill, check_task
+    from envs.adapters.maniskill_adapter import ManiSkillBatchedEnv, check_task, make_raw_maniskill
 
     check_task(env_id)
     cfg = EnvConfig(id=env_id, num_envs=num_envs, obs_mode=obs_mode, backend="inprocess")
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    raw = ManiSkillVectorEnv(_make_maniskill(cfg, sim_backend, num_envs), num_envs, auto_reset=True, record_metrics=False)
+    raw = ManiSkillVectorEnv(make_raw_maniskill(cfg, sim_backend, num_envs), num_envs, auto_reset=True, record_metrics=False)
     ours = BatchedVecEnv(ManiSkillBatchedEnv(cfg, sim_backend))
     setup_s = time.perf_counter() - t0
     device = ours.device

@@ -39,6 +39,16 @@ class Registry(Generic[T]):
         text = doc if doc is not None else (getattr(obj, "__doc__", None) or "")
         self._docs[name] = text.strip().splitlines()[0] if text.strip() else ""
 
+    def remove(self, name: str) -> T:
+        """Unregister ``name`` and return its component (unknown names raise like :meth:`get`).
+
+        For components registered for a while, e.g. by a test: ``try: ... finally: REG.remove(name)``.
+        """
+        obj = self.get(name)
+        del self._entries[name]
+        del self._docs[name]
+        return obj
+
     def get(self, name: str) -> T:
         try:
             return self._entries[name]

@@ -81,7 +81,7 @@ def _draw_panel(ax, name, timeline, devices, colors, horizon_s, axes_width_px, d
             facecolor="white" if switch else color, edgecolor=color if switch else "white",
             hatch="///" if switch else None, linewidth=edge,
         )
-        text = _bar_text(span)
+        text = bar_text(span)
         if text and len(text) * _CHAR_WIDTH_PX + 4 < span.duration_s * px_per_s:
             ax.text(span.start_s + span.duration_s / 2, y, text, ha="center", va="center", fontsize=6.5,
                     color="0.15" if switch else "white", clip_on=True)
@@ -99,7 +99,9 @@ def _draw_panel(ax, name, timeline, devices, colors, horizon_s, axes_width_px, d
     ax.tick_params(axis="x", labelsize=8)
 
 
-def _bar_text(span: Span) -> str:
+def bar_text(span: Span) -> str:
+    """The text drawn inside a span's bar (when it fits): ``t<step> c<chunk>`` for env spans,
+    ``c<chunk>`` for rollout, ``e<epoch>[ c<chunk>]`` for the trainer, ``sync``, ``on`` / ``off``."""
     if span.kind in _SWITCH_LABELS:
         return _SWITCH_LABELS[span.kind]
     if span.kind == "sync":

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -86,12 +86,25 @@ def _obs_mib_per_env(obs: dict[str, Any]) -> float:
 ENV_PROBE_WARMUP, ENV_PROBE_REPEATS = 3, 8
 
 
-def _probe_env(cfg: EmbodiedConfig, cores: int, log) -> tuple[Probe, dict[str, np.ndarray], Any, Any, Any]:
+def probe_env(
+    cfg: EmbodiedConfig, cores: int, log: Callable[[str], None] = print,
+) -> tuple[Probe, dict[str, np.ndarray], Any, Any, Any]:
     """Time one VecEnv.step at chunk sizes N, N/2, N/4 (one process) and N over all cores.
+
+    The env probe of ``profile_embodied``, usable on its own. With ``N = cfg.env.num_envs``, each
+    shape ``(batch, processes)`` is stepped ``ENV_PROBE_WARMUP`` times untimed, then
+    ``ENV_PROBE_REPEATS`` times timed; the probe's sample is the median seconds per step (or per
+    chunk with ``policy.action_chunk > 1``). The multi-process shape ``(N, min(cores, N))`` is added
+    only when the configured backend runs processes and ``cores > 1``.
 
     Between two timed steps the policy infers on the step's observation, as the rollout does in
     the pipeline: env processes that idle between steps wake slower than ones stepped back to back.
-    Returns the probe, an observation batch, the spaces, and that (inference-mode) policy.
+    Env processes never spin-wait here (``worker_spin_us=0``).
+
+    Returns ``(probe, obs, observation_space, action_space, policy)``: the ``Probe("env")`` with
+    samples ``(batch, processes, seconds)``, the reset observation of the first (smallest) probed
+    batch (instructions included, ``(ceil(N/4), ...)`` per key), the env's spaces, and the
+    inference-mode policy built from ``cfg.policy``. ``log`` receives one line per probed shape.
     """
     probe = Probe("env")
     n = cfg.env.num_envs
@@ -292,7 +305,7 @@ def profile_embodied(cfg: EmbodiedConfig, cluster: Cluster, force: bool = False,
             return Profile.from_dict(cached)
     log(f"[m2flow] profiling env, rollout and trainer on {cores} cores ...")
     t0 = time.perf_counter()
-    env_probe, obs, obs_space, action_space, policy = _probe_env(cfg, cores, log)
+    env_probe, obs, obs_space, action_space, policy = probe_env(cfg, cores, log)
     rollout_probe = _probe_rollout(cfg, policy, obs, cores, log)
     trainer_policy = build_policy(cfg.policy, obs_space, action_space)
     trainer_probe, offload_s, onload_s = _probe_trainer(cfg, trainer_policy, obs, action_space, cores, log)

@@ -83,6 +83,8 @@ class SocketInbox:
         self._server.listen(64)
         self._closed = False
         threading.Thread(target=self._accept, name="channel-inbox", daemon=True).start()
+        with _OPEN_LOCK:
+            _OPEN.append(self)
 
     @property
     def address(self) -> tuple[str, str]:
@@ -107,13 +109,41 @@ class SocketInbox:
                 self.mailbox.push(channel, key, producer, seq, item)
 
     def close(self) -> None:
+        """Stop accepting connections: a producer that connects afterwards is refused, and a channel
+        falls back to Ray's path. Connections already open keep delivering until their producer
+        closes them.
+
+        ``shutdown`` first: on Linux, closing a listening socket does not wake the thread blocked in
+        ``accept``, which keeps the socket (and its name) alive for one more connection.
+        """
         self._closed = True
+        with _OPEN_LOCK:
+            if self in _OPEN:
+                _OPEN.remove(self)
+        try:
+            self._server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed, or not listening
         self._server.close()
         if not self.path.startswith("\0"):
             try:
                 os.unlink(self.path)
             except OSError:
                 pass
+
+
+_OPEN: list[SocketInbox] = []  # this process's inboxes that are not closed
+_OPEN_LOCK = threading.Lock()
+
+
+def inbox_of(mailbox: Mailbox) -> SocketInbox | None:
+    """The open inbox of this process that files messages into ``mailbox``, or None.
+
+    A worker finds its own inbox with ``inbox_of(self.mailbox)`` (None on the local backend, or
+    where Unix sockets are unavailable), e.g. to ``close`` it and take messages through Ray only.
+    """
+    with _OPEN_LOCK:
+        return next((inbox for inbox in _OPEN if inbox.mailbox is mailbox), None)
 
 
 class SocketOutbox:

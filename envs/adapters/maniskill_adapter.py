@@ -228,7 +228,7 @@ def make_cpu_env(cfg: EnvConfig) -> gym.Env:
     maniskill_registry()
     from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
 
-    env = _make_maniskill(cfg, "physx_cpu", 1)
+    env = make_raw_maniskill(cfg, "physx_cpu", 1)
     cpu = CPUGymWrapper(env)
     cpu.action_space = env.get_wrapper_attr("single_action_space")  # the flattened one of multi-robot tasks
     return ContractObservation(cpu, cfg.obs_mode)
@@ -275,8 +275,17 @@ def _explain_make_error(err: Exception, cfg: EnvConfig) -> UserError | None:
     return None
 
 
-def _make_maniskill(cfg: EnvConfig, sim_backend: str, num_envs: int) -> gym.Env:
-    """``gym.make`` of the task; what a user can fix (assets, kwargs, modes) becomes a UserError."""
+def make_raw_maniskill(cfg: EnvConfig, sim_backend: str, num_envs: int) -> gym.Env:
+    """ManiSkill's own env of ``cfg.id``, built exactly as the adapter builds it, before any contract wrapper.
+
+    ``gym.make`` with the adapter's kwargs (``cfg.kwargs`` over its defaults: obs mode, renderers,
+    image sizes, deterministic resets), ``sim_backend`` (``"physx_cpu"``: one env per process;
+    ``"physx_cuda"``: ``num_envs`` in one GPU simulation) and ``cfg.max_episode_steps``. Batched
+    torch outputs as ManiSkill gives them; multi-robot tasks get one flat action vector. What a user
+    can fix (assets, kwargs, modes, Vulkan) becomes a UserError. Benchmarks use it for the raw
+    simulator loop they compare the contract with; :func:`make_cpu_env` and
+    :class:`ManiSkillBatchedEnv` wrap it.
+    """
     try:
         with _no_download_prompt():
             env = gym.make(cfg.id, max_episode_steps=cfg.max_episode_steps, **_maniskill_kwargs(cfg, sim_backend, num_envs))
@@ -415,7 +424,7 @@ class ManiSkillBatchedEnv:
                 "use env.backend=multiprocess for several CPU envs (or a CUDA GPU for the batched simulation)."
             )
         self.num_envs = cfg.num_envs
-        env = _make_maniskill(cfg, sim_backend, cfg.num_envs)
+        env = make_raw_maniskill(cfg, sim_backend, cfg.num_envs)
         self.env = ManiSkillVectorEnv(
             env, cfg.num_envs, auto_reset=True, ignore_terminations=cfg.ignore_terminations, record_metrics=False
         )

@@ -30,8 +30,8 @@ Scripts that use this class must guard their entry point with ``if __name__ == "
 Modules, one job each:
 
 * :mod:`envs.multiprocess.vec_env`: :class:`MultiprocessVecEnv`, the parent side (starts the
-  workers, sends commands, gathers and checks replies, ``close``), :class:`EnvWorkerError` and
-  :func:`shard_bounds`.
+  workers, sends commands, gathers and checks replies, ``close``), :class:`EnvWorkerError`,
+  :class:`HandshakeStats` (``handshake_stats()``) and :func:`shard_bounds`.
 * :mod:`envs.multiprocess.worker`: the worker process's entry point and main loop (its setup,
   the shared-memory step, the pickled commands, errors sent back).
 * :mod:`envs.multiprocess.buffers`: :class:`StepBuffers`, the shared-memory block of one step.
@@ -44,7 +44,7 @@ Modules, one job each:
 from envs.multiprocess.buffers import StepBuffers
 from envs.multiprocess.concat import concat_chunk_results, concat_obs, concat_step_results
 from envs.multiprocess.doorbell import DEFAULT_SPIN_S, WAKE, CommandWaiter, Doorbell, ReplyWaiter, memory_fence
-from envs.multiprocess.vec_env import EnvFn, EnvWorkerError, MultiprocessVecEnv, shard_bounds
+from envs.multiprocess.vec_env import EnvFn, EnvWorkerError, HandshakeStats, MultiprocessVecEnv, shard_bounds
 from envs.multiprocess.worker import THREAD_ENV_VARS
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "Doorbell",
     "EnvFn",
     "EnvWorkerError",
+    "HandshakeStats",
     "MultiprocessVecEnv",
     "ReplyWaiter",
     "StepBuffers",

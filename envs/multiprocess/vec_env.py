@@ -16,6 +16,7 @@ import pickle
 import select
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -55,6 +56,26 @@ def shard_bounds(num_envs: int, num_procs: int) -> list[tuple[int, int]]:
         bounds.append((start, end))
         start = end
     return bounds
+
+
+@dataclass(frozen=True)
+class HandshakeStats:
+    """A snapshot of how ``step`` went between the parent and its workers (tests, diagnostics).
+
+    steps_posted:  steps the parent posted through shared memory (:class:`Doorbell` command counter;
+                   0 with ``shared_memory=False``, and pickled steps are not counted).
+    steps_done:    per worker, the last posted step it finished (its done counter); equal to
+                   ``steps_posted`` once ``step_wait`` returned. Empty without shared memory.
+    parent_asleep: per worker, whether the parent's sleep flag is up (only while it waits for a
+                   reply; False between calls). Empty without shared memory.
+    reply_spins:   per worker, how many reply waits the parent spent polling around the typical
+                   step time (:attr:`ReplyWaiter.spins`; stays 0 while ``reply_spin_s`` is 0).
+    """
+
+    steps_posted: int
+    steps_done: tuple[int, ...]
+    parent_asleep: tuple[bool, ...]
+    reply_spins: tuple[int, ...]
 
 
 class MultiprocessVecEnv(VecEnv):
@@ -400,6 +421,26 @@ class MultiprocessVecEnv(VecEnv):
     @property
     def processes(self) -> list[mp.process.BaseProcess]:
         return list(self._procs)
+
+    def handshake_stats(self) -> HandshakeStats:
+        """Counters and flags of the step handshake, read now (no per-step bookkeeping)."""
+        return HandshakeStats(
+            steps_posted=self._seq,
+            steps_done=tuple(int(bell.row[Doorbell.DONE]) for bell in self._bells),
+            parent_asleep=tuple(bool(bell.row[Doorbell.PARENT_ASLEEP]) for bell in self._bells),
+            reply_spins=tuple(waiter.spins for waiter in self._reply_waiters),
+        )
+
+    def set_reply_spin(self, spin_s: float) -> None:
+        """Set how long the parent polls around a step's typical reply time (``reply_spin_s``,
+        :class:`ReplyWaiter`); 0 makes it block for every reply while the workers keep their own
+        spin (``spin_s``), which is how ``benchmarks/env_worker_spin`` measures the workers' spin
+        alone. The constructor's choice is ``spin_s`` with fewer workers than cores, else 0."""
+        if spin_s < 0:
+            raise UserError(f"MultiprocessVecEnv.set_reply_spin: spin_s must be >= 0, got {spin_s:g}.")
+        self.reply_spin_s = spin_s
+        for waiter in self._reply_waiters:
+            waiter.spin_s = spin_s
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Ask every worker to close its envs, then reap it (terminate, then kill, after ``timeout_s``)."""

@@ -214,6 +214,11 @@ class TokenActionPolicy(Policy):
         mask = nn.Transformer.generate_square_subsequent_mask(length, device=sequence.device, dtype=sequence.dtype)
         return self.decoder(sequence, mask=mask, is_causal=True)
 
+    def _teacher_forced(self, obs_tokens: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass over [obs ; BOS ; tokens]: logits (B, t + 1, num_bins) and all outputs (B, N + 1 + t, d_model)."""
+        outputs = self._decode(obs_tokens, tokens)
+        return self.action_head(outputs[:, self.num_obs_tokens :]), outputs
+
     def _value(self, outputs: torch.Tensor) -> torch.Tensor:
         return self.critic(outputs[:, : self.num_obs_tokens].mean(1)).squeeze(-1)  # (B,)
 
@@ -223,6 +228,21 @@ class TokenActionPolicy(Policy):
         if self.action_chunk == 1:
             return centers.reshape(tokens.shape[0], *self.action_shape)
         return centers  # (B, C, A)
+
+    def token_logits(self, obs: dict[str, torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced next-token logits, in one decoder pass.
+
+        ``tokens`` (B, t) long, 0 <= t < T: the first t action tokens (``tokenizer.encode`` of the
+        actions, dimension-major within each chunk step). Returns logits (B, t + 1, num_bins) whose
+        position i scores token i given the observation and ``tokens[:, :i]``: ``evaluate`` scores
+        these with the full prefix (t = T - 1), and greedy ``act`` takes their argmax token by token.
+        """
+        if tokens.ndim != 2 or tokens.shape[1] >= self.num_action_tokens:
+            raise ValueError(
+                f"token_logits: tokens must be (B, t) with t < {self.num_action_tokens} action tokens, got {tuple(tokens.shape)}"
+            )
+        logits, _ = self._teacher_forced(self._obs_tokens(obs), tokens)
+        return logits
 
     # -- the Policy contract -----------------------------------------------------------------------
 
@@ -259,8 +279,7 @@ class TokenActionPolicy(Policy):
         batch = obs_tokens.shape[0]
         actions = torch.as_tensor(actions, device=obs_tokens.device).reshape(batch, self.action_chunk, self.act_dim)
         tokens = self.tokenizer.encode(actions).reshape(batch, self.num_action_tokens)  # (B, T)
-        outputs = self._decode(obs_tokens, tokens[:, :-1])  # (B, N + T, d_model)
-        logits = self.action_head(outputs[:, self.num_obs_tokens :])  # (B, T, num_bins): position t predicts token t
+        logits, outputs = self._teacher_forced(obs_tokens, tokens[:, :-1])  # (B, T, num_bins): position t predicts token t
         log_probs = F.log_softmax(logits, dim=-1)
         token_logprobs = log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, T)
         entropy = -(log_probs.exp() * log_probs).sum(-1)  # (B, T)

@@ -66,12 +66,10 @@ def test_interrupted_write_leaves_latest_intact(tmp_path, monkeypatch):
     root = tmp_path / "checkpoints"
     save_checkpoint(root, 1, model.state_dict(), opt.state_dict(), {"env_steps": 1})
 
-    import embodied.checkpoint as ck
-
     def killed(*args, **kwargs):
         raise KeyboardInterrupt("killed mid-write")
 
-    monkeypatch.setattr(ck, "_write_text_atomic", killed)
+    monkeypatch.setattr(os, "fsync", killed)  # the first fsync: state.json of iteration 2, before any rename
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(root, 2, model.state_dict(), opt.state_dict(), {"env_steps": 2})
     monkeypatch.undo()

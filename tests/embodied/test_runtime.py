@@ -65,6 +65,16 @@ class Consumer(Worker):
     def identity(self, x):
         return x
 
+    def close_socket_inbox(self) -> bool:
+        """Stop this rank's same-machine socket; False where it has none."""
+        from embodied.runtime.socket_transport import inbox_of
+
+        inbox = inbox_of(self.mailbox)
+        if inbox is None:
+            return False
+        inbox.close()
+        return True
+
 
 class BrokenInit(Worker):
     def __init__(self) -> None:
@@ -223,13 +233,28 @@ def test_ray_ranks_on_this_machine_receive_over_sockets(ray_cluster):
     consumers.shutdown()
 
 
+def test_socket_inbox_close_refuses_new_producers():
+    from embodied.runtime.mailbox import Mailbox
+    from embodied.runtime.socket_transport import SocketInbox, SocketOutbox, inbox_of
+
+    box = Mailbox()
+    inbox = SocketInbox(box)
+    assert inbox_of(box) is inbox and inbox_of(Mailbox()) is None
+    SocketOutbox().send(inbox.path, ("c", 0, "p", 0, 7))
+    assert box.get("c", 0, None, timeout_s=10) == 7
+    inbox.close()
+    assert inbox_of(box) is None
+    with pytest.raises(OSError):  # a producer that connects now is refused, not silently served
+        SocketOutbox().send(inbox.path, ("c", 0, "p", 1, 8))
+
+
 def test_channel_falls_back_to_ray_when_the_socket_is_gone(ray_cluster):
     producers = WorkerGroup(ray_cluster, Producer, 1, 1, resources=half())
     consumers = WorkerGroup(ray_cluster, Consumer, 1, resources=half())
+    (endpoint,) = consumers.endpoints()
+    assert endpoint.address is not None  # a same-machine producer would use the socket...
+    assert consumers.close_socket_inbox().wait() == [True]  # ...which is now gone
     channel = Channel("data", consumers)
-    from embodied.runtime.worker import Endpoint
-
-    channel._endpoints = [Endpoint(e.handle, (e.address[0], "\0embodied-no-such-socket")) for e in channel._endpoints]
     c = consumers.call("consume", channel, [0], 5)
     wait_all(c, producers.produce(channel, 5, 1))
     assert c.result()[0] == [1000 + i for i in range(5)]

@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from embodied.timeline_plot import _bar_text, plot_timelines  # noqa: E402
+from embodied.timeline_plot import bar_text, plot_timelines  # noqa: E402
 from scheduler import ComponentProfile, CostModel, Profile, Resources, Workflow, plan, sequential_plan, simulate  # noqa: E402
 
 
@@ -33,7 +33,7 @@ def test_plot_writes_a_png(tmp_path):
 
 def test_bar_text():
     timeline = _timelines()[0]["sequential"]
-    texts = {_bar_text(s) for s in timeline.spans}
+    texts = {bar_text(s) for s in timeline.spans}
     assert {"t0 c0", "e0", "on", "off"} <= texts
 
 

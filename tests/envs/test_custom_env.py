@@ -63,7 +63,11 @@ def test_custom_gymnasium_class_by_module_class_id(doc_namespace):
     env, obs, result = ns["env"], ns["obs"], ns["result"]
     assert type(env).__name__ == "SerialVecEnv" and env.num_envs == 4
     inner = env.envs[0]
-    assert isinstance(inner, gym.wrappers.TimeLimit) and inner._max_episode_steps == 50
+    assert isinstance(inner, gym.wrappers.TimeLimit)
+    state, _ = inner.reset(seed=0)
+    assert abs(state[0] - state[1]) >= 0.05  # standing still never reaches the target...
+    truncated = [inner.step(np.zeros(1, np.float32))[3] for _ in range(50)]
+    assert truncated == [False] * 49 + [True]  # ...so the episode ends at the configured limit, 50 steps
     assert inner.unwrapped.size == 2.0  # kwargs reached the constructor
     assert obs["state"].shape == (4, 2) and obs["state"].dtype == np.float32
     assert np.abs(obs["state"]).max() <= 2.0

@@ -53,9 +53,11 @@ def raw_env(env_id: str, max_steps: int, size: int | None = None) -> gym.Env:
 
 def raw_frame(env: gym.Env) -> np.ndarray:
     # the adapter switches shadows, reflections and skybox off (software rendering); so do we
-    viewer = env.unwrapped.mujoco_renderer._get_viewer("rgb_array")
+    renderer = env.unwrapped.mujoco_renderer
+    if renderer.viewer is None:
+        env.render()  # the first render makes the offscreen viewer
     for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION, mujoco.mjtRndFlag.mjRND_SKYBOX):
-        viewer.scn.flags[flag] = False
+        renderer.viewer.scn.flags[flag] = False
     return env.render()
 
 
@@ -161,7 +163,10 @@ def test_a_misspelt_env_kwarg_is_a_user_error_with_the_envs_parameters():
         # HalfCheetahEnv passes **kwargs on to MujocoEnv: the parameters of both are listed
         assert "ctrl_cost_weight" in str(err.value) and "frame_skip" in str(err.value)
     with make_vec_env(EnvConfig(id="HalfCheetah-v5", num_envs=1, kwargs={"forward_reward_weight": 2.0})) as env:
-        assert env.envs[0].unwrapped._forward_reward_weight == 2.0
+        inner = env.envs[0]  # the kwarg reached HalfCheetah: its forward reward is 2 x its velocity
+        inner.reset(seed=0)
+        info = inner.step(np.ones(6, np.float32))[4]
+        assert info["x_velocity"] > 0.5 and info["reward_forward"] == pytest.approx(2.0 * info["x_velocity"])
 
 
 @pytest.mark.slow

@@ -203,6 +203,9 @@ def test_pickled_transport_matches_too():
         for _ in range(12):
             a = np.full((3, 2), 0.3, np.float32)
             assert_same(env.step(a), ref.step(a))
+        stats = env.handshake_stats()  # nothing went through the doorbells
+        assert (stats.steps_posted, stats.steps_done, stats.parent_asleep) == (0, (), ())
+        assert len(stats.reply_spins) == 2
 
 
 def test_wrong_chunk_shape_is_a_user_error():
@@ -531,7 +534,14 @@ def test_no_spin_with_more_workers_than_cores():
             env.reset(seed=0)
             for _ in range(20):
                 env.step(np.zeros(2, np.int64))
-            assert env._reply_waiters[0].spins > 0  # steps came back-to-back: the parent spun for them
+            spins = env.handshake_stats().reply_spins[0]
+            assert spins > 0  # steps came back-to-back: the parent spun for them
+            env.set_reply_spin(0.0)  # the parent blocks for every reply now; the workers still spin
+            for _ in range(20):
+                env.step(np.zeros(2, np.int64))
+            assert env.handshake_stats().reply_spins[0] == spins and env.spin_s == DEFAULT_SPIN_S
+            with pytest.raises(UserError, match="spin_s must be >= 0"):
+                env.set_reply_spin(-1e-6)
 
 
 def test_negative_spin_is_a_user_error():
@@ -658,11 +668,12 @@ def test_doorbell_under_jitter_matches_serial(procs, spin_s):
             if pause:
                 time.sleep(pause)
             assert_same(env.step_wait(), ref.step(actions), f"t={t}")
-        assert env._seq == 150
+        stats = env.handshake_stats()
+        assert stats.steps_posted == 150
         if env.reply_spin_s:  # fewer workers than cores: the parent slept, then spun for replies
-            assert all(waiter.spins > 0 for waiter in env._reply_waiters)
-        assert [int(bell.row[bell.DONE]) for bell in env._bells] == [150] * procs
-        assert not any(bell.row[bell.PARENT_ASLEEP] for bell in env._bells)  # the parent waits for nothing now
+            assert all(spins > 0 for spins in stats.reply_spins)
+        assert stats.steps_done == (150,) * procs
+        assert stats.parent_asleep == (False,) * procs  # the parent waits for nothing now
 
 
 def test_doorbell_steps_interleave_with_pipe_commands():
@@ -688,4 +699,6 @@ def test_doorbell_steps_interleave_with_pipe_commands():
                 assert env.call("get_wrapper_attr", "horizon") == [2, 3, 5]
             else:
                 np.testing.assert_array_equal(env.render(), ref.render())
-        assert env._seq == kinds.count("step") > 10
+        stats = env.handshake_stats()
+        assert stats.steps_posted == kinds.count("step") > 10  # chunk steps, resets, calls, renders go pickled
+        assert stats.steps_done == (stats.steps_posted,) * 2

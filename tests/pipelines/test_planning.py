@@ -125,7 +125,7 @@ def test_env_probe_lets_the_policy_infer_between_timed_steps(tmp_path, monkeypat
         return policy
 
     monkeypatch.setattr(planning, "build_policy", counting_build)
-    probe, *_ = planning._probe_env(_cfg(), cores=1, log=lambda *_: None)
+    probe, *_ = planning.probe_env(_cfg(), cores=1, log=lambda *_: None)
     per_shape = planning.ENV_PROBE_WARMUP + planning.ENV_PROBE_REPEATS
     sizes = [b for b, _, _ in probe.samples]
     assert sorted(sizes) == [2, 4, 8]

@@ -95,15 +95,24 @@ def test_evaluate_matches_act_logprobs(action_space: gym.spaces.Space) -> None:
     torch.testing.assert_close(ev.values, out.values)
 
 
-def test_deterministic_is_the_mode() -> None:
+@pytest.mark.parametrize("action_space", [BOX, DISCRETE], ids=["box", "discrete"])
+def test_deterministic_is_the_mode(action_space: gym.spaces.Space) -> None:
+    """The deterministic action is repeatable and no other action is more likely."""
     space = obs_space(64)
-    policy = make(space, BOX)
+    policy = make(space, action_space, init_log_std=-0.5)
     obs = sample_obs(space, batch=4)
     with torch.no_grad():
         a1, a2 = policy.act(obs, deterministic=True).actions, policy.act(obs, deterministic=True).actions
-        mean = policy.actor(policy._features(obs))
+        best = policy.evaluate(obs, a1).logprobs  # (4,)
+        if action_space is DISCRETE:
+            others = [torch.full_like(a1, k) for k in range(DISCRETE.n)]
+        else:  # a Gaussian's density falls off its mean along every axis, both ways
+            others = [a1 + sign * 0.05 * torch.eye(4)[j] for j in range(4) for sign in (-1.0, 1.0)]
+        rivals = torch.stack([policy.evaluate(obs, other).logprobs for other in others])  # (n, 4)
     torch.testing.assert_close(a1, a2)
-    torch.testing.assert_close(a1, mean)
+    assert (best >= rivals.max(0).values - 1e-6).all()
+    if action_space is BOX:
+        assert (best > rivals.max(0).values).all()  # strictly: the mean is the unique mode
 
 
 @pytest.mark.parametrize("action_space", [BOX, DISCRETE], ids=["box", "discrete"])

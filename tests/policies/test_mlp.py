@@ -168,14 +168,17 @@ def test_action_chunks(action_space: gym.spaces.Space, chunk_shape: tuple[int, .
         ev = policy.evaluate(obs, out.actions)
     assert out.actions.shape == chunk_shape and out.logprobs.shape == (5,)
     torch.testing.assert_close(ev.logprobs, out.logprobs)
-    # The chunk's logprob is the sum of its steps' logprobs under the per-step distributions.
-    dist = policy._dist(policy._features(obs))
+    # The chunk's logprob is the sum of its steps' logprobs under the per-step distributions, built
+    # here from the actor head on the raw state (the MLP's input without normalize_obs).
+    with torch.no_grad():
+        head = policy.actor(obs["state"])  # (5, 4 * act_dim)
     if action_space is DISCRETE:
+        dist = torch.distributions.Categorical(logits=head.reshape(5, 4, int(DISCRETE.n)))  # batch (5, 4): one per step
         per_step = dist.log_prob(out.actions)  # (5, 4)
-        entropy = dist.entropy().sum(-1)
     else:
+        dist = torch.distributions.Normal(head, policy.log_std.detach().exp())
         per_step = dist.log_prob(out.actions.reshape(5, -1))  # (5, 4 * act_dim)
-        entropy = dist.entropy().sum(-1)
+    entropy = dist.entropy().sum(-1)
     torch.testing.assert_close(out.logprobs, per_step.sum(-1))
     torch.testing.assert_close(ev.entropy, entropy)
     with torch.no_grad():
@@ -206,5 +209,5 @@ def test_a_policy_without_chunks_is_refused_a_chunk() -> None:
             build_policy(PolicyConfig(name="one_step_test", action_chunk=3), STATE, BOX)
         assert isinstance(build_policy(PolicyConfig(name="one_step_test"), STATE, BOX), OneStep)
     finally:
-        POLICIES._entries.pop("one_step_test", None)
-        POLICIES._docs.pop("one_step_test", None)
+        POLICIES.remove("one_step_test")
+    assert "one_step_test" not in POLICIES

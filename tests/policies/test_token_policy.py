@@ -163,11 +163,29 @@ def test_sampling_explores_and_deterministic_is_greedy() -> None:
         again = policy.act(obs, deterministic=True)
         tokens = policy.tokenizer.encode(greedy.actions)  # (B, A)
         # Teacher-force the greedy tokens: each must be the argmax given its prefix.
-        outputs = policy._decode(policy._obs_tokens(obs), tokens[:, :-1])
-        logits = policy.action_head(outputs[:, policy.num_obs_tokens :])  # (B, A, num_bins)
+        logits = policy.token_logits(obs, tokens[:, :-1])  # (B, A, num_bins)
     assert not torch.equal(sampled_1, sampled_2)
     assert torch.equal(greedy.actions, again.actions)
     assert torch.equal(logits.argmax(-1), tokens)
+
+
+def test_token_logits_score_what_act_and_evaluate_score() -> None:
+    space = obs_space("rgb+state")
+    policy = make(space, action_chunk=2)
+    obs = sample_obs(space, batch=3)
+    with torch.no_grad():
+        out = policy.act(obs)
+        ev = policy.evaluate(obs, out.actions)
+        tokens = policy.tokenizer.encode(out.actions).reshape(3, 8)  # (B, T = 2 steps x 4 dims)
+        logits = policy.token_logits(obs, tokens[:, :-1])  # (B, T, num_bins)
+        head = policy.token_logits(obs, tokens[:, :3])  # (B, 4, num_bins)
+    assert logits.shape == (3, 8, 256)
+    torch.testing.assert_close(head, logits[:, :4])  # causal: later tokens leave earlier positions alone
+    summed = torch.log_softmax(logits, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1).sum(-1)  # (B,)
+    torch.testing.assert_close(summed, ev.logprobs)
+    torch.testing.assert_close(summed, out.logprobs)
+    with pytest.raises(ValueError, match="t < 8 action tokens"):
+        policy.token_logits(obs, tokens)
 
 
 @pytest.mark.parametrize("chunk", [1, 3])
