@@ -7,8 +7,10 @@ responses to one prompt (reasoning).
                  the episode ``return``) is compared with its group's: ``(r - mean) / (std + eps)``
                  (``grpo``; without the std for Dr. GRPO), or the leave-one-out baseline (``rloo``).
                  Every decision of the episode gets the episode's advantage; decisions after it
-                 ended (the env auto-reset) stay out of the loss. With ``filter_groups``, groups
-                 whose outcomes have no spread stay out too (dynamic sampling).
+                 ended (the env auto-reset) stay out of the loss. With ``return_to_go`` each decision
+                 is scored by the rewards from it on, against the group's members at the same step.
+                 With ``filter_groups``, groups whose outcomes have no spread stay out too
+                 (dynamic sampling).
     loss:        clipped surrogate (clip-higher, dual clip) - entropy bonus + kl_loss_coef * KL to
                  the reference, aggregated with ``loss_agg_mode``.
 """
@@ -28,6 +30,7 @@ from embodied.rl import (
     decision_ends,
     first_episode_mask,
     first_episode_outcome,
+    first_episode_returns_to_go,
     frac_reward_zero_std,
     zero_std_group_mask,
 )
@@ -49,14 +52,22 @@ class GRPO(Algorithm):
         if batch.group_ids is None:
             raise ValueError("GRPO needs group ids in the batch: the rollout did not start envs in groups")
         group_ids = batch.group_ids.long()
+        rewards = batch.rewards.float() * cfg.reward_scale
         outcome, finished = first_episode_outcome(
-            batch.rewards.float() * cfg.reward_scale, batch.valid, batch.terminated, batch.truncated,
-            batch.success, cfg.outcome,
+            rewards, batch.valid, batch.terminated, batch.truncated, batch.success,
+            "return" if cfg.outcome == "return_to_go" else cfg.outcome,
         )  # (B,)
-        options = {"normalize_std": cfg.norm_adv_by_std_in_grpo} if cfg.estimator == "grpo" else {}
-        per_env = ADVANTAGE_ESTIMATORS.get(cfg.estimator)(outcome, group_ids=group_ids, **options)  # (B,)
         terminated, truncated, _ = decision_ends(batch.terminated, batch.truncated, batch.valid)
         mask = first_episode_mask(terminated, truncated)  # (T, B)
+        estimate = ADVANTAGE_ESTIMATORS.get(cfg.estimator)
+        options = {"normalize_std": cfg.norm_adv_by_std_in_grpo} if cfg.estimator == "grpo" else {}
+        if cfg.outcome == "return_to_go":  # a group per (step, group): the members still in their episode
+            to_go = first_episode_returns_to_go(rewards, batch.valid, batch.terminated, batch.truncated)  # (T, B)
+            steps = torch.arange(mask.shape[0], device=mask.device)[:, None] * (int(group_ids.max()) + 1)
+            advantages = torch.zeros_like(to_go)
+            advantages[mask] = estimate(to_go[mask], group_ids=(steps + group_ids[None, :])[mask], **options)
+        else:
+            advantages = estimate(outcome, group_ids=group_ids, **options).expand_as(mask)  # (T, B)
         if cfg.filter_groups:
             mask = mask & zero_std_group_mask(outcome, group_ids)[None, :]
         stats = {
@@ -65,7 +76,7 @@ class GRPO(Algorithm):
             "grpo/unfinished_episodes": float((~finished).float().mean()),
             "grpo/decisions_in_loss": float(mask.float().mean()),
         }
-        return Advantages(per_env.expand_as(mask).contiguous(), None, mask, stats)
+        return Advantages(advantages.contiguous(), None, mask, stats)
 
     def loss(self, policy: Any, mb: Samples, counts: LossAggCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         ev = policy.evaluate(mb.obs, mb.actions)

@@ -42,6 +42,7 @@ from embodied.rl.returns import (
     decision_ends,
     first_episode_mask,
     first_episode_outcome,
+    first_episode_returns_to_go,
 )
 from embodied.rl.trajectory import Samples, TrajectoryBatch, is_text, micro_batches
 
@@ -81,6 +82,7 @@ __all__ = [
     "decision_ends",
     "first_episode_mask",
     "first_episode_outcome",
+    "first_episode_returns_to_go",
     "is_text",
     "micro_batches",
 ]

@@ -115,3 +115,18 @@ def first_episode_outcome(
     else:
         raise ValueError(f"{fn}: `kind` must be 'success' or 'return', got {kind!r}")
     return outcome, finished
+
+
+def first_episode_returns_to_go(
+    rewards: torch.Tensor, valid: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor
+) -> torch.Tensor:
+    """(T, B): each decision's undiscounted reward from it to the end of the env's first episode
+    in the batch (0 for decisions after that episode ended).
+
+    rewards, valid, terminated, truncated: (T, B, C).
+    """
+    fn = "first_episode_returns_to_go"
+    term_d, trunc_d, _ = decision_ends(terminated, truncated, valid)
+    in_first = first_episode_mask(term_d, trunc_d)  # (T, B)
+    per_decision = torch.where(in_first.unsqueeze(-1) & as_bool(fn, "valid", valid), rewards, 0.0).sum(-1)  # (T, B)
+    return torch.flip(torch.cumsum(torch.flip(per_decision, [0]), 0), [0])

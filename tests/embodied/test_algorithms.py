@@ -268,3 +268,14 @@ def test_a_non_finite_gradient_skips_the_step():
     assert stats["losses/non_finite_steps"] == 2.0
     for k, v in policy.state_dict().items():
         assert torch.equal(v, before[k])
+
+
+def test_grpo_return_to_go_compares_members_at_the_same_step():
+    # 2 decisions of 4 envs in 2 groups; env 1's episode ends at t=0 (its t=1 belongs to a new episode)
+    b = batch([[1.0, 2.0, 3.0, 5.0], [10.0, 0.0, 30.0, 50.0]], truncated=[[0, 1, 0, 0], [1, 0, 1, 1]], group_ids=[0, 0, 1, 1])
+    adv = build_algorithm(AlgoConfig(name="grpo", group_size=2, outcome="return_to_go")).advantages(b)
+    # returns to go: group 0 at t=0: env 0: 1 + 10 = 11, env 1: 2 -> +-1/sqrt(2) (two values, Bessel std);
+    # at t=1 only env 0 is still in its episode: a group of one -> 0. Group 1: (33, 55) at t=0, (30, 50) at t=1.
+    h = float(1 / np.sqrt(2))
+    torch.testing.assert_close(adv.advantages, torch.tensor([[h, -h, -h, h], [0.0, 0.0, -h, h]]), atol=1e-4, rtol=0)
+    assert adv.mask.tolist() == [[True, True, True, True], [True, False, True, True]]
