@@ -20,7 +20,7 @@ TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 
 case "$PROFILE" in
   train) EXTRAS="maniskill" ;;
-  full)  EXTRAS="maniskill,libero,vla,reasoning,dev" ;;
+  full)  EXTRAS="maniskill,libero,vla,reasoning,compare,dev" ;;
   *) echo "setup.sh: unknown profile '$PROFILE' (use train or full)" >&2; exit 2 ;;
 esac
 
