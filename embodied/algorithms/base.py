@@ -224,14 +224,13 @@ class Algorithm(ABC):
                     optimizer.zero_grad(set_to_none=True)
                 else:
                     optimizer.step()
-                meter.add({"losses/grad_norm": grad_norm}, weight=1.0)
-                step_stats = meter.step()
+                step_stats = meter.step({"losses/grad_norm": grad_norm})
                 if cfg.target_kl is not None and should_stop_early(step_stats["losses/approx_kl"], cfg.target_kl):
                     stop = True
                     break
             if stop:
                 break
-        out.update(meter.means())
+        out.update(meter.means(["losses/grad_norm"]))
         out["losses/epochs"] = float(epochs)
         out["losses/non_finite_steps"] = float(skipped)
         return out
@@ -239,29 +238,38 @@ class Algorithm(ABC):
 
 class _Meter:
     """Means over an update's optimizer steps of per-step statistics (a step's micro-batches
-    weighted by their share of its minibatch). Statistics stay 0-d tensors until :meth:`means`:
-    no host round trip per step (on a GPU each would be a synchronization)."""
+    weighted by their share of its minibatch). A step's statistics are stacked into one tensor
+    and stay on the device until :meth:`means`: a few ops per step, no host round trip (on a GPU
+    each would be a synchronization)."""
 
     def __init__(self) -> None:
-        self.current: dict[str, Any] = {}
-        self.sums: dict[str, Any] = {}
-        self.steps = 0
+        self.keys: list[str] | None = None
+        self.current: torch.Tensor | None = None
+        self.rows: list[torch.Tensor] = []
 
     def add(self, stats: dict[str, Any], weight: float) -> None:
-        for k, v in stats.items():
-            v = v.detach() * weight if weight != 1.0 else v.detach()
-            self.current[k] = self.current[k] + v if k in self.current else v
+        if self.keys is None:
+            self.keys = list(stats)
+        elif list(stats) != self.keys:
+            raise ValueError(f"statistics changed between steps: {self.keys} -> {list(stats)}")
+        row = torch.stack([v.detach().float() for v in stats.values()])
+        row = row * weight if weight != 1.0 else row
+        self.current = row if self.current is None else self.current + row
 
-    def step(self) -> dict[str, Any]:
-        """Close the current optimizer step; returns its statistics (0-d tensors)."""
-        done, self.current = self.current, {}
-        for k, v in done.items():
-            self.sums[k] = self.sums[k] + v if k in self.sums else v
-        self.steps += 1
-        return done
+    def step(self, extra: dict[str, Any]) -> dict[str, Any]:
+        """Close the current optimizer step (with its ``extra`` statistics, e.g. the gradient
+        norm); returns the step's statistics by name (0-d tensors)."""
+        assert self.current is not None and self.keys is not None, "step() without add()"
+        row = torch.cat([self.current, torch.stack([torch.as_tensor(v).detach().float() for v in extra.values()])])
+        self.rows.append(row)
+        self.current = None
+        return dict(zip([*self.keys, *extra], row.unbind()))
 
-    def means(self) -> dict[str, float]:
-        return {k: float(v) / max(1, self.steps) for k, v in self.sums.items()}
+    def means(self, extra_keys: list[str]) -> dict[str, float]:
+        if not self.rows or self.keys is None:
+            return {}
+        values = torch.stack(self.rows).mean(0).tolist()
+        return dict(zip([*self.keys, *extra_keys], values))
 
 
 def build_optimizer(parameters: Any, cfg: AlgoConfig) -> torch.optim.Optimizer:

@@ -124,9 +124,10 @@ class AlgoConfig:
     outcome: Literal["success", "return", "return_to_go"] = "success"
     """What a GRPO rollout is scored by: ``success`` (1 if the env reported success at any step of
     the episode, else 0) or ``return`` (the episode's summed reward), one score per episode; or
-    ``return_to_go``: each decision's summed reward from there to the episode's end, compared with
-    the group's members at the same step (a step-wise group baseline: an action is not credited
-    with rewards that came before it, which lowers the variance on long episodes with dense rewards)."""
+    ``return_to_go``: each decision's reward from there to the episode's end, discounted by
+    ``gamma``, compared with the group's members at the same step (a step-wise group baseline: an
+    action is not credited with rewards that came before it, nor much with those long after it,
+    which lowers the variance on long episodes with dense rewards)."""
     filter_groups: bool = False
     """Dynamic sampling (DAPO): leave groups whose rewards have no spread out of the update (they
     carry no signal but dilute token-mean); their share is logged as ``frac_reward_zero_std``."""

@@ -62,7 +62,7 @@ class GRPO(Algorithm):
         estimate = ADVANTAGE_ESTIMATORS.get(cfg.estimator)
         options = {"normalize_std": cfg.norm_adv_by_std_in_grpo} if cfg.estimator == "grpo" else {}
         if cfg.outcome == "return_to_go":  # a group per (step, group): the members still in their episode
-            to_go = first_episode_returns_to_go(rewards, batch.valid, batch.terminated, batch.truncated)  # (T, B)
+            to_go = first_episode_returns_to_go(rewards, batch.valid, batch.terminated, batch.truncated, cfg.gamma)  # (T, B)
             steps = torch.arange(mask.shape[0], device=mask.device)[:, None] * (int(group_ids.max()) + 1)
             advantages = torch.zeros_like(to_go)
             advantages[mask] = estimate(to_go[mask], group_ids=(steps + group_ids[None, :])[mask], **options)

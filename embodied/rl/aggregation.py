@@ -188,6 +188,11 @@ def _aggregate(
     check_count(fn, "num_seqs", num_seqs)
     check_count(fn, "loss_scale_factor", loss_scale_factor, positive=True)
 
+    if mask is None and values.ndim == 1 and mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):
+        # One token per sample, all valid (an action-level policy): every such mode is the sum over
+        # the samples divided by their count (the minibatch's, when given).
+        given = num_tokens if mode == "token-mean" else num_seqs
+        return values.sum() / _denominator(given, torch.tensor(values.shape[0], device=values.device), values)
     if values.ndim == 1:  # one token per sample
         values = values.unsqueeze(-1)
         mask = None if mask is None else mask.unsqueeze(-1)

@@ -229,16 +229,24 @@ def policy_loss_per_token(
     with torch.no_grad():
         ratio, adv = terms.ratio, terms.advantages
         dtype = ratio.dtype
-        stats = {
-            "pg_clipfrac": masked_mean(terms.clipped.to(dtype), mask),
-            "clipfrac_low": masked_mean(((adv < 0) & (ratio < 1.0 - eps_low)).to(dtype), mask),
-            "clipfrac_high": masked_mean(((adv > 0) & (ratio > 1.0 + eps_high)).to(dtype), mask),
-            "pg_clipfrac_lower": masked_mean(terms.dual_active.to(dtype), mask),
-            "ppo_kl": masked_mean(-terms.log_ratio, mask),
-            "approx_kl": masked_mean(_k3(terms.log_ratio), mask),
-            "ratio_mean": masked_mean(ratio, mask),
-        }
-    return losses, {key: value.detach() for key, value in stats.items()}
+        # One stacked reduction for every statistic: they are computed on every minibatch, where a
+        # separate masked mean each would be a dozen small ops more per optimizer step.
+        columns = torch.stack([
+            terms.clipped.to(dtype),
+            ((adv < 0) & (ratio < 1.0 - eps_low)).to(dtype),
+            ((adv > 0) & (ratio > 1.0 + eps_high)).to(dtype),
+            terms.dual_active.to(dtype),
+            -terms.log_ratio,
+            _k3(terms.log_ratio),
+            ratio,
+        ])  # (7, *S)
+        if mask is None:
+            means = columns.reshape(len(columns), -1).mean(-1)
+        else:
+            picked = torch.where(mask, columns, torch.zeros((), dtype=dtype, device=columns.device))
+            means = picked.reshape(len(columns), -1).sum(-1) / mask.sum().clamp(min=1).to(dtype)
+    names = ("pg_clipfrac", "clipfrac_low", "clipfrac_high", "pg_clipfrac_lower", "ppo_kl", "approx_kl", "ratio_mean")
+    return losses, dict(zip(names, means.unbind()))
 
 
 def value_errors(

@@ -118,15 +118,21 @@ def first_episode_outcome(
 
 
 def first_episode_returns_to_go(
-    rewards: torch.Tensor, valid: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor
+    rewards: torch.Tensor, valid: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor, gamma: float = 1.0
 ) -> torch.Tensor:
-    """(T, B): each decision's undiscounted reward from it to the end of the env's first episode
-    in the batch (0 for decisions after that episode ended).
+    """(T, B): each decision's discounted reward from it to the end of the env's first episode in
+    the batch, ``sum_k gamma**k r_{t+k}`` over env steps (0 for decisions after that episode ended).
 
     rewards, valid, terminated, truncated: (T, B, C).
     """
     fn = "first_episode_returns_to_go"
     term_d, trunc_d, _ = decision_ends(terminated, truncated, valid)
-    in_first = first_episode_mask(term_d, trunc_d)  # (T, B)
-    per_decision = torch.where(in_first.unsqueeze(-1) & as_bool(fn, "valid", valid), rewards, 0.0).sum(-1)  # (T, B)
-    return torch.flip(torch.cumsum(torch.flip(per_decision, [0]), 0), [0])
+    in_first = first_episode_mask(term_d, trunc_d).unsqueeze(-1) & as_bool(fn, "valid", valid)  # (T, B, C)
+    chunk = rewards.shape[-1]
+    per_decision = chunk_rewards(torch.where(in_first, rewards, 0.0), in_first, gamma)  # (T, B)
+    to_go = torch.zeros_like(per_decision)
+    running = torch.zeros_like(per_decision[0])
+    for t in reversed(range(per_decision.shape[0])):  # a decision of C steps discounts what follows by gamma**C
+        running = per_decision[t] + gamma**chunk * running
+        to_go[t] = running
+    return to_go

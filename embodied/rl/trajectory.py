@@ -214,9 +214,10 @@ class Samples:
 
     def __getitem__(self, idx: torch.Tensor) -> Samples:
         """The samples at ``idx`` (a 1-D index tensor)."""
-        host = idx.cpu().numpy()
+        text = [k for k, v in self.obs.items() if is_text(v)]
+        host = idx.cpu().numpy() if text else None
         return Samples(
-            obs={k: (v[host] if is_text(v) else v[idx]) for k, v in self.obs.items()},
+            obs={k: (v[host] if k in text else v[idx]) for k, v in self.obs.items()},
             actions=self.actions[idx],
             logprobs=self.logprobs[idx],
             mask=None if self.mask is None else self.mask[idx],

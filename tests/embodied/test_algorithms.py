@@ -279,3 +279,16 @@ def test_grpo_return_to_go_compares_members_at_the_same_step():
     h = float(1 / np.sqrt(2))
     torch.testing.assert_close(adv.advantages, torch.tensor([[h, -h, -h, h], [0.0, 0.0, -h, h]]), atol=1e-4, rtol=0)
     assert adv.mask.tolist() == [[True, True, True, True], [True, False, True, True]]
+
+
+def test_discounted_returns_to_go_by_hand():
+    from embodied.rl import first_episode_returns_to_go
+
+    # one env, 3 decisions of C=2 steps, gamma 0.5; the episode ends at the first step of the last decision
+    rewards = torch.tensor([[[1.0, 2.0]], [[4.0, 8.0]], [[16.0, 99.0]]])
+    valid = torch.tensor([[[1, 1]], [[1, 1]], [[1, 0]]], dtype=torch.bool)
+    ends = torch.zeros(3, 1, 2, dtype=torch.bool)
+    ends[2, 0, 0] = True
+    to_go = first_episode_returns_to_go(rewards, valid, ends, torch.zeros_like(ends), gamma=0.5)
+    # steps: 1, 2, 4, 8, 16 -> from step 0: 1 + 1 + 1 + 1 + 1 = 5; from step 2: 4 + 4 + 4 = 12; from step 4: 16
+    torch.testing.assert_close(to_go[:, 0], torch.tensor([5.0, 12.0, 16.0]))
