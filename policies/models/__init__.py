@@ -3,3 +3,4 @@
 from policies.models import mlp  # noqa: F401
 from policies.models import cnn  # noqa: F401
 from policies.models import token_policy  # noqa: F401
+from policies.lm import options as causal_lm  # noqa: F401  (registers causal_lm; transformers loads on build)
