@@ -36,7 +36,7 @@ import torch
 from embodied.config import apply_overrides, to_dict
 from embodied.errors import UserError
 from pipelines.reasoning.data import PromptRecord, read_records
-from pipelines.reasoning.synthetic import ArithConfig, write_arith_dataset
+from pipelines.reasoning.synthetic import ArithConfig, result_width, write_arith_dataset
 from pipelines.reasoning.verifiers import RewardConfig, RewardFunction
 from policies.lm.options import CausalLMOptions
 from policies.lm.policy import CausalLMPolicy
@@ -46,30 +46,35 @@ from policies.lm.tiny import TinyModelConfig, write_tiny_model
 CACHE_VERSION = 1
 
 
-def calibrated_model() -> TinyModelConfig:
-    """The tiny model of the calibrated warm start (docs/reasoning.md)."""
-    return TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256)
-
-
 @dataclass
 class SFTConfig:
     """The warm start: model, data, optimisation and its budget, evaluation."""
 
-    model: TinyModelConfig = field(default_factory=calibrated_model)
-    """The tiny Qwen2 trained from its random initialisation."""
+    model: TinyModelConfig = field(default_factory=TinyModelConfig)
+    """The tiny Qwen2 trained from its random initialisation (its defaults are the calibrated size)."""
     data: ArithConfig = field(default_factory=ArithConfig)
     """The synthetic problems (train split trains, test split evaluates)."""
-    steps: int = 300
+    steps: int = 3000
     """Optimizer steps (the step budget)."""
     time_budget_s: float = 300.0
     """Training stops after this many seconds even if ``steps`` are not done (0: no limit)."""
+    stop_at_sampled_acc: float = 0.3
+    """Stop as soon as sampled accuracy on the validation problems reaches this (0: never): the
+    model then has enough right samples for GRPO and enough wrong ones to learn from."""
+    check_every: int = 25
+    """Steps between validation checks of the stopping rule (a fifth of it once the validation
+    accuracy is past half the target)."""
+    val_problems: int = 200
+    """Validation problems of the stopping rule: the last ones of the train split, kept out of SFT."""
+    val_samples: int = 4
+    """Samples per validation problem."""
     batch_size: int = 64
     """Problems per step."""
     lr: float = 3e-3
     """Peak AdamW learning rate (linear warmup, then cosine decay to ``lr * final_lr_fraction``)."""
     warmup_steps: int = 20
     """Steps of linear warmup."""
-    final_lr_fraction: float = 0.1
+    final_lr_fraction: float = 1.0
     """Learning rate at the last step, as a fraction of ``lr``."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
@@ -86,12 +91,16 @@ class SFTConfig:
 
     def validate(self) -> None:
         self.data.validate()
-        positive = ("steps", "batch_size", "eval_problems", "eval_samples", "eval_batch_size")
+        positive = ("steps", "batch_size", "eval_problems", "eval_samples", "eval_batch_size", "check_every", "val_samples")
         for name in positive:
             if getattr(self, name) < 1:
                 raise UserError(f"sft.{name}={getattr(self, name)!r} must be a positive integer.")
         if self.lr <= 0 or not 0 <= self.final_lr_fraction <= 1 or self.warmup_steps < 0 or self.time_budget_s < 0:
             raise UserError("sft.lr must be > 0, final_lr_fraction in [0, 1], warmup_steps and time_budget_s >= 0.")
+        if not 0 <= self.stop_at_sampled_acc <= 1 or self.val_problems < 0:
+            raise UserError("sft.stop_at_sampled_acc must be in [0, 1] and sft.val_problems >= 0.")
+        if self.stop_at_sampled_acc and not self.val_problems:
+            raise UserError("sft.stop_at_sampled_acc needs validation problems: set sft.val_problems > 0.")
 
 
 @dataclass
@@ -127,7 +136,11 @@ def run_sft(cfg: SFTConfig, cache_dir: str | Path) -> SFTResult:
         policy = sft_policy(work / "init", cfg.data)
         train = read_records(data_files["train"])
         test = read_records(data_files["test"])[: cfg.eval_problems]
-        metrics = train_sft(policy, train, cfg, eval_records=test)
+        held = cfg.val_problems if cfg.stop_at_sampled_acc else 0
+        if held >= len(train):
+            raise UserError(f"sft.val_problems={held} leaves no training problems of {len(train)}.")
+        train, val = (train[:-held], train[-held:]) if held else (train, [])
+        metrics = train_sft(policy, train, cfg, eval_records=test, val_records=val)
         policy.save_pretrained(work / "model")
         shutil.rmtree(work / "init")
         summary = {"config": to_dict(cfg), "key": final.name, "metrics": metrics}
@@ -151,8 +164,8 @@ def max_answer_tokens(policy: CausalLMPolicy, records: Sequence[PromptRecord]) -
 
 def sft_policy(model_dir: str | Path, data: ArithConfig) -> CausalLMPolicy:
     """The policy SFT trains and evaluates: temperature 1, no top-k/top-p (the RL rollout's
-    distribution), room for the longest answer, its EOS and one token more."""
-    longest = len(str(max(10**data.digits - 1, 1) ** 2 if "*" in data.operations else 2 * 10**data.digits)) + 1
+    distribution), room for the longest answer (digits and a sign), its EOS and one token more."""
+    longest = max(result_width(op, data.digits) for op in data.operations) + 1
     return CausalLMPolicy(CausalLMOptions(model_path=str(model_dir), max_new_tokens=longest + 2))
 
 
@@ -182,9 +195,12 @@ def train_sft(
     records: Sequence[PromptRecord],
     cfg: SFTConfig,
     eval_records: Sequence[PromptRecord] = (),
+    val_records: Sequence[PromptRecord] = (),
 ) -> dict[str, Any]:
-    """``cfg.steps`` AdamW steps of :func:`sft_loss` on shuffled batches (stopping early at the time
-    budget); then, with ``eval_records``, the held-out accuracies. Returns the metrics."""
+    """Up to ``cfg.steps`` AdamW steps of :func:`sft_loss` on shuffled batches; stops early when the
+    sampled accuracy on ``val_records`` reaches ``cfg.stop_at_sampled_acc`` (checked every
+    ``cfg.check_every`` steps) or at the time budget. Then, with ``eval_records``, the held-out
+    accuracies. Returns the metrics."""
     if not records:
         raise UserError("SFT got no training records.")
     width = max_answer_tokens(policy, records) + 1
@@ -197,8 +213,11 @@ def train_sft(
     start = time.perf_counter()
     train_s = 0.0
     step = 0
+    stop_reason = "steps"
+    val_acc = float("nan")
     while step < cfg.steps:
         if cfg.time_budget_s and train_s > cfg.time_budget_s:
+            stop_reason = "time"
             break
         tick = time.perf_counter()
         loss = sft_loss(policy, [records[i] for i in next(order)], width)
@@ -214,9 +233,21 @@ def train_sft(
             point = evaluate_accuracy(policy, eval_records, cfg.eval_samples, cfg.eval_batch_size, cfg.seed)
             curve.append({"step": step, "train_s": round(train_s, 2), **point})
             policy.train()
+        # Checks come 5x more often once validation accuracy is past half the target: the last
+        # stretch of the transition is steep (docs/reasoning.md).
+        every = cfg.check_every if not val_acc >= cfg.stop_at_sampled_acc / 2 else max(1, cfg.check_every // 5)
+        if cfg.stop_at_sampled_acc and val_records and step % every == 0:
+            tick = time.perf_counter()
+            val_acc = sampled_accuracy(policy, val_records, cfg.val_samples, cfg.eval_batch_size, cfg.seed + step)
+            train_s += time.perf_counter() - tick  # the rule's checks are part of the budget
+            policy.train()
+            if val_acc >= cfg.stop_at_sampled_acc:
+                stop_reason = "target"
+                break
     metrics: dict[str, Any] = {
         "sft/steps": step,
-        "sft/stopped_by_time": step < cfg.steps,
+        "sft/stop_reason": stop_reason,
+        "sft/val_sampled_acc": val_acc,
         "sft/time_s": round(train_s, 2),
         "sft/wall_s": round(time.perf_counter() - start, 2),
         "sft/loss_first": losses[0],
@@ -274,6 +305,18 @@ def evaluate_accuracy(
         "eval/sampled_acc": sampled.float().mean().item(),
         f"eval/pass@{samples}": sampled.any(dim=1).float().mean().item(),
     }
+
+
+@torch.no_grad()
+def sampled_accuracy(
+    policy: CausalLMPolicy, records: Sequence[PromptRecord], samples: int, batch_size: int, seed: int
+) -> float:
+    """Mean accuracy of ``samples`` sampled responses per problem (the stopping rule's measure)."""
+    reward = RewardFunction(RewardConfig())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        correct = _correct(policy, [r for r in records for _ in range(samples)], False, batch_size, reward)
+    return sum(correct) / len(correct)
 
 
 def _correct(

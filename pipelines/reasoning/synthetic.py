@@ -41,6 +41,9 @@ class ArithConfig:
     """Operators among ``+``, ``-``, ``*``."""
     reverse_answer: bool = True
     """Write the answer's digits least-significant first (a minus sign stays in front)."""
+    zero_pad: bool = False
+    """Fixed-width numbers: operands padded with zeros to ``digits`` ("07+85="), answers to the
+    widest result ("025" for 25 = 12+13 with 2 digits, before reversing)."""
     test_size: int = 500
     """Held-out problems."""
     train_size: int = 0
@@ -62,22 +65,34 @@ class ArithConfig:
             )
 
 
-def answer_text(result: int, reverse: bool) -> str:
-    """The answer as the model should write it: ``132`` -> ``"231"`` reversed; ``-12`` -> ``"-21"``."""
-    digits = str(abs(result))
+def answer_text(result: int, reverse: bool, width: int = 0) -> str:
+    """The answer as the model should write it: ``132`` -> ``"231"`` reversed; ``-12`` -> ``"-21"``;
+    ``width`` pads the digits with zeros first (``25``, width 3 -> ``"025"`` -> ``"520"``)."""
+    digits = str(abs(result)).zfill(width)
     sign = "-" if result < 0 else ""
     return sign + (digits[::-1] if reverse else digits)
 
 
-def problem_row(a: int, op: str, b: int, split: str, index: int, reverse: bool) -> dict[str, Any]:
+def result_width(op: str, digits: int) -> int:
+    """Digits of the widest result of ``op`` on ``digits``-digit operands (sign not counted)."""
+    largest = 10**digits - 1
+    return len(str(abs(_OPERATIONS[op](largest, largest if op != "-" else 0))))
+
+
+def problem_row(a: int, op: str, b: int, split: str, index: int, cfg: ArithConfig) -> dict[str, Any]:
     """One veRL-schema row for ``a op b``."""
     result = _OPERATIONS[op](a, b)
+    operand_width = cfg.digits if cfg.zero_pad else 0
+    answer_width = result_width(op, cfg.digits) if cfg.zero_pad else 0
+    prompt = f"{str(a).zfill(operand_width)}{op}{str(b).zfill(operand_width)}="
     return {
         "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": f"{a}{op}{b}="}],
+        "prompt": [{"role": "user", "content": prompt}],
         "ability": "arithmetic",
-        "reward_model": {"style": "rule", "ground_truth": answer_text(result, reverse)},
-        "extra_info": {"split": split, "index": index, "a": a, "b": b, "op": op, "result": result, "reversed": reverse},
+        "reward_model": {"style": "rule", "ground_truth": answer_text(result, cfg.reverse_answer, answer_width)},
+        "extra_info": {
+            "split": split, "index": index, "a": a, "b": b, "op": op, "result": result, "reversed": cfg.reverse_answer,
+        },
     }
 
 
@@ -92,7 +107,7 @@ def make_arith_rows(cfg: ArithConfig) -> dict[str, list[dict[str, Any]]]:
     if cfg.train_size:
         train = train[: cfg.train_size]
     return {
-        split: [problem_row(a, op, b, split, i, cfg.reverse_answer) for i, (a, op, b) in enumerate(chosen)]
+        split: [problem_row(a, op, b, split, i, cfg) for i, (a, op, b) in enumerate(chosen)]
         for split, chosen in (("train", train), ("test", test))
     }
 

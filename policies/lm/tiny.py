@@ -49,11 +49,12 @@ CHATML_TEMPLATE = (
 
 @dataclass
 class TinyModelConfig:
-    """Size and tokenizer of a tiny Qwen2 causal LM (random init)."""
+    """Size and tokenizer of a tiny Qwen2 causal LM (random init). The default size (~0.2M
+    parameters with the embeddings) is the one the SFT warm start is calibrated for."""
 
     hidden_size: int = 64
     """Width of the residual stream."""
-    num_layers: int = 2
+    num_layers: int = 3
     """Decoder blocks."""
     num_heads: int = 4
     """Attention heads (must divide ``hidden_size`` into an even head size)."""

@@ -166,6 +166,17 @@ def test_synthetic_files_read_back(tmp_path) -> None:
     assert read_records(tmp_path / "jsonl" / "test.jsonl") == read_records(tmp_path / "parquet" / "test.parquet")
 
 
+def test_zero_padded_format() -> None:
+    rows = make_arith_rows(ArithConfig(digits=2, zero_pad=True, test_size=10_000 - 1))
+    by_prompt = {r["prompt"][0]["content"]: r["reward_model"]["ground_truth"] for r in rows["train"] + rows["test"]}
+    assert by_prompt["04+21="] == "520"  # 25 -> "025" -> reversed
+    assert by_prompt["99+99="] == "891"
+    assert by_prompt["00+00="] == "000"
+    multiply = make_arith_rows(ArithConfig(digits=1, operations=["*", "-"], zero_pad=True, reverse_answer=False, test_size=10))
+    answers = {r["prompt"][0]["content"]: r["reward_model"]["ground_truth"] for r in multiply["train"] + multiply["test"]}
+    assert answers["3*4="] == "12" and answers["2*3="] == "06" and answers["2-7="] == "-5"
+
+
 def test_synthetic_config_errors() -> None:
     with pytest.raises(UserError, match="does not fit"):
         make_arith_rows(ArithConfig(digits=1, test_size=100))
