@@ -15,7 +15,7 @@ class EnvConfig:
     ``package.module:ClassName`` of a user's env class, a ManiSkill task (``PushCube-v1``) or a
     LIBERO suite/task (``libero_spatial/0``)."""
     adapter: str = "auto"
-    """Adapter that builds the env (``embodied recipes`` lists them); ``auto`` picks the first
+    """Adapter that builds the env (``embodied recipes --all`` lists them); ``auto`` picks the first
     adapter that claims ``id``."""
     num_envs: int = 8
     """Number of parallel envs per env worker."""
