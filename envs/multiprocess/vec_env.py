@@ -347,10 +347,9 @@ class MultiprocessVecEnv(VecEnv):
         return str(logs.worker_log_path(self._run_dir, self._labels[i])) if self._run_dir else None
 
     def _where(self, i: int) -> dict[str, Any]:
-        """What a failure of worker ``i`` says about where: its index, pid, log, env id."""
+        """What a failure of worker ``i`` says about where: its index, log, env id (its pid is in
+        the message: ``pid`` in ``where`` is the worker rank's)."""
         where: dict[str, Any] = {"env_process": i}
-        if self._procs[i].pid is not None:
-            where["pid"] = self._procs[i].pid
         if self._log(i):
             where["log"] = self._log(i)
         if self.env_id:
