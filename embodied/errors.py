@@ -113,6 +113,25 @@ class EnvError(WorkerFailure):
 
     headline = "The env failed"
 
+    def __init__(self, *args: Any, where: Mapping[str, Any] | None = None, detail: str | None = None,
+                 appendix: str = "") -> None:
+        """Either a plain message (``args``), or ``detail``: what went wrong, rendered after the
+        env's name, index and seed as ``where`` holds them when the message is read (an env
+        worker turns a chunk's index into one over all envs by updating ``where``);
+        ``appendix`` follows (a worker's traceback)."""
+        super().__init__(*(args or (detail,)), where=where)
+        self.detail = detail
+        self.appendix = appendix
+
+    def __str__(self) -> str:
+        if self.detail is None:
+            return super().__str__() + self.appendix
+        w = self.where
+        name = f"env {w['env_id']}" if w.get("env_id") else "the env"
+        at = ", ".join(f"{label} {w[key]}" for key, label in (("env_index", "env index"), ("seed", "seed"))
+                       if w.get(key) is not None)
+        return f"{name}{f' ({at})' if at else ''} {self.detail}{self.appendix}"
+
 
 class StorageError(EmbodiedError):
     """Writing or reading the run's files failed: disk full, unwritable, corrupt (exit code 4).

@@ -165,14 +165,11 @@ class SerialVecEnv(VecEnv):
         sentence), what it was doing ("" to leave out), and what to do (default: read its traceback)."""
         what = cause if isinstance(cause, str) else f"raised {type(cause).__name__}: {cause}"
         seed = self._seeds[i] if i < len(getattr(self, "_seeds", ())) else None
-        index = self.first_index + i
-        name = f"env {self.env_id}" if self.env_id else "the env"
-        at = f"env index {index}" + (f", seed {seed}" if seed is not None else "")
         hint = hint or "its traceback is in the log"
-        where = {"env_id": self.env_id, "env_index": index, "seed": seed}
+        where = {"env_id": self.env_id, "env_index": self.first_index + i, "seed": seed}
         during = f" while {doing}" if doing else ""
-        return EnvError(f"{name} ({at}) {what}{during}. This is a failure of the env, not of Embodied or the "
-                        f"policy: {hint}.", where={k: v for k, v in where.items() if v is not None})
+        return EnvError(detail=f"{what}{during}. This is a failure of the env, not of Embodied or the policy: {hint}.",
+                        where={k: v for k, v in where.items() if v is not None})
 
     # --- contract ------------------------------------------------------------------------------
     def reset(self, seed: int | Sequence[int] | None = None) -> Obs:

@@ -52,8 +52,9 @@ class EnvWorkerError(EnvError):
     the process's ``log`` when it has one, and what the env error knew (``env_id``,
     ``env_index``, ``seed``)."""
 
-    def __init__(self, message: str, worker_index: int, worker_traceback: str = "", where: dict[str, Any] | None = None) -> None:
-        super().__init__(message, where={"env_process": worker_index, **(where or {})})
+    def __init__(self, message: str, worker_index: int, worker_traceback: str = "", where: dict[str, Any] | None = None,
+                 detail: str | None = None, appendix: str = "") -> None:
+        super().__init__(message, where={"env_process": worker_index, **(where or {})}, detail=detail, appendix=appendix)
         self.worker_index = worker_index
         self.worker_traceback = worker_traceback
 
@@ -362,7 +363,9 @@ class MultiprocessVecEnv(VecEnv):
             return UserError(f"{message} (env process {i}, {self._describe_shard(i)})")
         where = {**self._where(i), **env_where}
         if kind == "env":  # the env's own message names it, its index and seed
-            return EnvWorkerError(f"{message}\n\nWorker traceback:\n{tb}", i, tb, where)
+            plain = where.pop("message", None)
+            return EnvWorkerError(plain or message, i, tb, where, detail=None if plain else message,
+                                  appendix=f"\n\nWorker traceback:\n{tb}")
         return EnvWorkerError(f"env process {i} ({self._describe_shard(i)}) failed in {command!r}: {message}\n\n"
                               f"Worker traceback:\n{tb}", i, tb, where)
 

@@ -192,14 +192,16 @@ def _limit_torch_threads(threads: int) -> None:
 
 def describe(err: BaseException) -> tuple[str, str, str, dict[str, Any]]:
     """``(kind, message, traceback text, where)`` of an exception, always picklable: kind ``"user"``
-    (a UserError: its message), ``"env"`` (an EnvError: its message, and ``where`` naming the
-    env, its index and seed) or ``"error"`` (``"Type: message"``)."""
+    (a UserError: its message), ``"env"`` (an EnvError: its ``detail``, or its message when it
+    has none, and ``where`` naming the env, its index and seed) or ``"error"`` (``"Type: message"``)."""
     tb = "".join(traceback.format_exception(err))
     if isinstance(err, UserError):
         return "user", str(err), tb, {}
     if isinstance(err, EnvError):
         where = {k: v for k, v in err.where.items() if isinstance(v, (int, str))}
-        return "env", str(err), tb, where
+        if err.detail is None:
+            where["message"] = str(err)
+        return "env", err.detail or "", tb, where
     return "error", f"{type(err).__name__}: {err}", tb, {}
 
 
