@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from embodied import logs
+from embodied.runtime.watchdog import RUN_TOKEN_ENV
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,8 @@ class Cluster:
             env_vars[logs.DEBUG_ENV] = "1"
         if self.run_dir is not None:  # any Ray worker of this job knows where the run's logs go
             env_vars[logs.RUN_DIR_ENV] = str(self.run_dir.resolve())
+        if os.environ.get(RUN_TOKEN_ENV):  # the watchdog finds the workers by it (also on a joined cluster)
+            env_vars[RUN_TOKEN_ENV] = os.environ[RUN_TOKEN_ENV]
         run_log = logs.current_run_log()
         if run_log is not None:
             run_log.adopt_ray_loggers()  # Ray's own messages (its token-auth notice) -> the log file
