@@ -26,6 +26,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import os
+import re
 import socket
 import time
 import traceback
@@ -407,12 +408,21 @@ def _wait_ray(pending: list[GroupFuture], deadline: float, no_answer: str) -> No
             try:
                 value = ray.get(ref)
             except ray.exceptions.RayActorError as err:
-                raise f.error(i, f"the worker process died ({first_paragraph(str(err))})") from None
+                raise f.error(i, _died(str(err))) from None
             except ray.exceptions.RayError as err:
                 raise f.error(i, str(err)) from None
             values[id(ref)] = _check(f, i, value)
     for f in pending:
         f._results = [values[id(x)] for x in f.futures]
+
+
+def _died(ray_message: str) -> str:
+    """What a dead actor's error says, in one sentence: Ray's exit detail without its advice."""
+    text = first_paragraph(ray_message)
+    found = re.search(r"Worker exit detail: (.+?)(?:\s+Some common causes|$)", text)
+    detail = (found[1] if found else text).strip().rstrip(".")
+    return (f"the worker process died ({detail}). A kill, the out-of-memory killer or a crash (SIGSEGV) are the usual "
+            "causes: its log and dmesg say more")
 
 
 def _wait_local(pending: list[GroupFuture], deadline: float, no_answer: str) -> None:

@@ -74,10 +74,9 @@ class Run:
     def _track(self) -> None:
         while not self._stop.is_set():
             for p in self.tree():
-                try:
-                    if p.pid not in self.seen:
-                        self.seen[p.pid] = (p.create_time(), p.name())
-                        self.sessions.update(_SESSION.findall(" ".join(p.cmdline())))
+                try:  # names change (a process sets its title after it starts): keep the latest
+                    self.seen[p.pid] = (p.create_time(), p.name())
+                    self.sessions.update(_SESSION.findall(" ".join(p.cmdline())))
                 except psutil.Error:
                     pass
             self._stop.wait(0.2)
