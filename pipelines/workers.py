@@ -35,6 +35,7 @@ from embodied.rl import TrajectoryBatch
 from embodied.runtime import Channel, Worker
 from embodied.runtime.weights import WeightPayload, WeightSyncer
 from embodied.seeding import RngStream, seed_everything
+from envs.base import to_numpy
 from envs.nonfinite import NONFINITE_INFO_KEY
 from envs.registry import make_vec_env
 from pipelines.collect import EnvOutput, TrajectoryRecorder, env_output, resolve_device, with_instructions
@@ -158,7 +159,7 @@ class EnvWorker(Worker):
                 sim_s += time.perf_counter() - t0
                 out = env_output(res, self.instructions[c])
                 dropped = res.info.get(NONFINITE_INFO_KEY)
-                lost = 0 if dropped is None else int(np.asarray(dropped).sum())
+                lost = 0 if dropped is None else int(to_numpy(dropped).sum())
                 nonfinite += lost
                 env_steps += int(out.valid.sum()) - lost  # a dropped episode's last step is not a real one
                 self.obs[c] = res.obs

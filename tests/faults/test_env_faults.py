@@ -18,11 +18,11 @@ pytestmark = pytest.mark.slow
 ENV = f"env {FAULTY_ENV} (env index 1, seed 1)"
 
 
-def injected(start, tmp_path, fault: str, *extra: str, mid_run: bool = True):
-    """A run whose env index 1 gets ``fault``: once 2 iterations are logged (``mid_run``), or
-    from the start (then during profiling)."""
+def injected(start, tmp_path, fault: str, *extra: str, mid_run: bool = True, env_index: int = 1):
+    """A run whose env ``env_index`` gets ``fault``: once 2 iterations are logged (``mid_run``),
+    or from the start (then during profiling)."""
     run_dir, trigger = tmp_path / "run", tmp_path / "fault-now"
-    kwargs = [f"env.kwargs.fault={fault}", "env.kwargs.fault_seed=1"]
+    kwargs = [f"env.kwargs.fault={fault}", f"env.kwargs.fault_seed={env_index}"]
     if mid_run:
         kwargs.append(f"env.kwargs.trigger={trigger}")
     run = start(run_dir, *TINY, f"run.dir={run_dir}", "algo.total_env_steps=100000", "checkpoint.every=1", *kwargs, *extra)
@@ -66,9 +66,12 @@ def test_an_env_whose_reset_raises_while_profiled_is_named(start, tmp_path):
     ("inf_reward", "multiprocess", "its reward holds +inf"),
 ])
 def test_nan_or_inf_from_the_env_is_the_envs_error_not_the_policys(start, tmp_path, fault, backend, what):
-    run = injected(start, tmp_path, fault, f"env.backend={backend}", "env.num_procs=2")
+    """The env worker steps its 4 envs in 2 chunks: env 3 is env 1 of the second chunk, and the
+    message names it as env index 3."""
+    run = injected(start, tmp_path, fault, f"env.backend={backend}", "env.num_procs=1", "plan.chunks=2", env_index=3)
     text = assert_clean_end(run, 3)
-    assert text.startswith(f"embodied: error: The env failed (exit code 3): {ENV} returned NaN/inf at step 5 of its "
+    env = f"env {FAULTY_ENV} (env index 3, seed 3)"
+    assert text.startswith(f"embodied: error: The env failed (exit code 3): {env} returned NaN/inf at step 5 of its "
                            f"episode: {what}."), text
     assert "env.nonfinite=drop ends such episodes instead" in text
     assert "logits" not in run.terminal and "invalid values" not in run.terminal
