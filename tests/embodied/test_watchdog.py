@@ -21,16 +21,16 @@ REPO = Path(__file__).resolve().parents[2]
 # A "driver": starts the watchdog, then a child that ignores SIGTERM and a grandchild (a shell
 # running sleep, as a simulator process would), prints their pids and the watchdog's, then waits.
 DRIVER = textwrap.dedent("""
-    import subprocess, sys, time
+    import os, signal, subprocess, sys, time
     from embodied.runtime.watchdog import start_watchdog
     watchdog = start_watchdog(grace_s=0.5)
     stubborn = subprocess.Popen([sys.executable, "-c",
         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
-    shell = subprocess.Popen(["sh", "-c", "sleep 600 & wait"])
+    shell = subprocess.Popen(["sh", "-c", "sleep 600 & wait"], start_new_session=True)
     print(watchdog.pid, stubborn.pid, shell.pid, flush=True)
     if sys.argv[1] == "hang":
         time.sleep(600)
-    stubborn.kill(); shell.kill(); stubborn.wait(); shell.wait()
+    stubborn.kill(); os.killpg(shell.pid, signal.SIGKILL); stubborn.wait(); shell.wait()
 """)
 
 
@@ -39,6 +39,9 @@ def _start(mode: str) -> tuple[subprocess.Popen, list[int]]:
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, start_new_session=True)
     pids = [int(x) for x in proc.stdout.readline().split()]
+    deadline = time.monotonic() + 10  # the shell has started its sleep
+    while mode == "hang" and not psutil.Process(pids[2]).children() and time.monotonic() < deadline:
+        time.sleep(0.05)
     return proc, pids
 
 
