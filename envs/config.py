@@ -54,7 +54,8 @@ class EnvConfig:
     one message naming the env, its index and seed (before the value reaches the policy).
     ``drop``: that env's episode ends there, with a warning: the step is recorded as a time-limit
     cut at the last finite observation with reward 0 (the learner bootstraps from that
-    observation's value; nothing non-finite reaches it), the env is reset, the step does not
+    observation's value; nothing non-finite reaches it), the env is reset (a batched simulator,
+    which cannot reset one env, has that row masked so until it ends the episode), the step does not
     count towards ``algo.total_env_steps``, the episode is left out of ``train/episode_return``
     and counted in ``env/nonfinite_episodes``. Checked on the whole batch at once (one
     ``isfinite`` per array and step)."""
