@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from embodied.config import apply_overrides, load_yaml, parse_override
-from embodied.errors import UserError
-from embodied.logs import console_logging
+from embodied.errors import FailureContext, UserError
+from embodied.logs import console_logging, debug_enabled, report_failure, write_traceback_file
 from embodied.runtime.cluster import apply_torch_process_env
+from embodied.runtime.watchdog import start_watchdog
 
 apply_torch_process_env()  # before anything loads torch: the driver runs policies too
 
@@ -78,6 +79,9 @@ def cmd_train(args: list[str]) -> int:
     from pipelines.runner import Runner
     from pipelines.workflow import WORKFLOWS
 
+    # Before any process of the run starts: a killed driver (kill -9, the OOM killer) leaves no
+    # Ray processes, workers or env processes behind (embodied.runtime.watchdog).
+    start_watchdog()
     cfg = build_train_config(args)
     spaces = preflight(cfg)  # env id, policy vs action space: fail before a run dir is touched
     workflow = WORKFLOWS.get(cfg.workflow).build(cfg)
@@ -222,6 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("embodied: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # before or outside a run: a corrupt checkpoint (4), an env failing (3), a bug (1)
+        if debug_enabled():
+            raise
+        return report_failure(exc, FailureContext(doing=f"preparing `embodied {ns.command}`",
+                                                  log_path=write_traceback_file(exc)))
 
 
 if __name__ == "__main__":
