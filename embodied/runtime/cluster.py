@@ -167,7 +167,11 @@ class Cluster:
                 num_gpus = self.cfg.num_gpus if self.cfg.num_gpus is not None else _cuda_count()
                 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
                 with _loopback_only():
-                    ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _node_ip_address=LOCAL_HOST, **kwargs)
+                    # address="local": a cluster of this run's own. Without it ray.init() joins whatever
+                    # Ray the machine already runs (another user's run, a `ray start` head), found
+                    # through /tmp/ray/ray_current_cluster, and fails on num_cpus.
+                    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, _node_ip_address=LOCAL_HOST,
+                             **kwargs)
                 node_ip = ray.util.get_node_ip_address()
                 if node_ip != LOCAL_HOST:
                     log.warning("the local Ray listens on %s, not only on %s (Ray changed how it resolves "

@@ -179,9 +179,33 @@ FRESH_CLUSTER = textwrap.dedent("""
 """)
 
 
+@pytest.fixture
+def another_ray_on_this_machine():
+    """A `ray start --head` cluster of someone else's, running while the test does (the way a
+    second user's run or a lab's head node sits beside a run); stopped with its own process group."""
+    ray_cli = Path(sys.executable).with_name("ray")
+    head = subprocess.Popen(
+        [str(ray_cli), "start", "--head", "--block", "--port=0", "--num-cpus=1", "--node-ip-address=127.0.0.1",
+         "--include-dashboard=false", "--disable-usage-stats"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not any(p.name() == "gcs_server" for p in psutil.Process(head.pid).children(recursive=True)):
+            assert head.poll() is None and time.monotonic() < deadline, "ray start --head did not come up"
+            time.sleep(0.5)
+        yield head.pid
+    finally:
+        os.killpg(head.pid, 15)
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, 9)
+
+
 @pytest.mark.slow
-def test_a_fresh_local_ray_listens_on_loopback_only_and_keeps_the_terminal_quiet(tmp_path):
-    """A new local cluster (its own process: Ray starts once per process): every TCP socket
+def test_a_fresh_local_ray_listens_on_loopback_only_and_keeps_the_terminal_quiet(tmp_path, another_ray_on_this_machine):
+    """A new local cluster (its own process: Ray starts once per process), even with another Ray
+    cluster running on the machine (ray.init() alone would join that one): every TCP socket
     listening in the driver or a Ray process it started is bound to loopback; Ray's token notice
     and the workers' output go to the run's log files, not the terminal; Ray keeps the program's
     SIGTERM handler."""
