@@ -190,7 +190,7 @@ class Runner:
 
     def final_evaluation(self) -> dict[str, Any]:
         self.doing = "evaluating the final policy"
-        video = self.run_dir.path / "videos" if self.cfg.eval.video and self.run_dir is not None else None
+        video = self.run_dir.path / "videos" if getattr(self.cfg.eval, "video", False) and self.run_dir is not None else None
         return self.workflow.evaluate(video_dir=video)
 
     def graceful_stop(self) -> Any:

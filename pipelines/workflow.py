@@ -79,6 +79,17 @@ class Workflow(ABC):
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
 
+    def preflight(self) -> tuple[Any, ...]:
+        """Check the config's inputs (files, models, envs) before a run dir is written; raise a
+        UserError naming what to fix. Returns what :meth:`check_checkpoint` needs after the
+        checkpoint (the embodied workflow: the env's spaces)."""
+        return ()
+
+    def describe(self) -> str:
+        """One line on what an iteration does, for ``embodied plan``."""
+        fields = self.planner_workflow().to_dict()
+        return ", ".join(f"{k}={v}" for k, v in fields.items() if v not in (0, None, False))
+
     # --- sizes -------------------------------------------------------------------------------------
     @property
     @abstractmethod
@@ -169,5 +180,6 @@ WORKFLOWS: Registry[WorkflowSpec] = Registry("workflow")
 def schema_of(data: dict[str, Any]) -> type:
     """The config class of a recipe's dict (its ``workflow`` key; ``embodied`` by default)."""
     import pipelines.embodied  # noqa: F401  (registers the built-in workflows)
+    import pipelines.reasoning.workflow  # noqa: F401
 
     return WORKFLOWS.get(str(data.get("workflow", "embodied"))).config
