@@ -230,14 +230,16 @@ class ReasoningWorkflow(Workflow):
         return self.rollout.call("evaluate", val, ev.samples, ev.batch_size, self.cfg.seed + 10_000_000, ranks=[0]).result()
 
     def close(self) -> None:
-        """Stop the verifier processes (math-verify) the rollout and reward workers may hold."""
+        """Stop the verifier processes (math-verify) the rollout and reward workers may hold, then
+        the workers (on a shared cluster they would keep their CPUs)."""
         groups, self.groups = self.groups, []
         for group in groups[:2]:  # rollout, reward
             try:
                 group.call("close").wait(timeout_s=30)
             except Exception:  # a failed run's workers may be gone; the cluster's shutdown ends them anyway
                 LOG.debug(f"[reasoning] closing {group.name} failed", exc_info=True)
-
+        for group in groups:
+            group.shutdown()
 
 WORKFLOWS.add("reasoning", WorkflowSpec(ReasoningConfig, ReasoningWorkflow),
               doc="Rollout, reward and trainer workers: GRPO on a causal language model with verifiable rewards.")

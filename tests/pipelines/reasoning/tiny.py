@@ -11,13 +11,13 @@ from pipelines.reasoning.synthetic import ArithConfig, write_arith_dataset
 from policies.lm.tiny import TinyModelConfig, write_tiny_model
 
 SMALL = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
-#: a custom verifier (``module:function``) rewarding responses that start with a digit: a random
-#: byte-level model does that for ~4% of its samples, so some groups disagree
-STARTS_WITH_DIGIT = "tests.pipelines.reasoning.tiny:starts_with_digit"
+#: a custom verifier (``module:function``) rewarding responses whose first character has an even
+#: code: a random byte-level model gets it right half of the time, so most groups disagree
+EVEN_FIRST_CHARACTER = "tests.pipelines.reasoning.tiny:even_first_character"
 
 
-def starts_with_digit(response: str, ground_truth: str) -> bool:
-    return response[:1].isdigit()
+def even_first_character(response: str, ground_truth: str) -> bool:
+    return bool(response) and ord(response[0]) % 2 == 0
 
 
 def tiny_files(directory: Path, model: TinyModelConfig = SMALL) -> tuple[Path, dict[str, Path]]:
@@ -36,7 +36,7 @@ def tiny_config(directory: Path, *overrides: str) -> ReasoningConfig:
         f"policy.kwargs.model_path={model_dir}", "policy.kwargs.max_new_tokens=4",
         f"data.train_files=[{files['train']}]", f"data.val_files=[{files['test']}]", "data.max_prompt_length=8",
         "data.train_batch_size=4", "algo.group_size=4", "algo.num_minibatches=2", "algo.lr=1e-2",
-        f"reward.verifier={STARTS_WITH_DIGIT}", "eval.problems=8", "eval.samples=2",
+        f"reward.verifier={EVEN_FIRST_CHARACTER}", "eval.problems=8", "eval.samples=2",
         "cluster.backend=local", "plan.profile=false", "logging.wandb=false", "logging.tensorboard=false",
         *overrides,
     ])
