@@ -17,7 +17,9 @@ Writes ``benchmarks/results/reasoning_grpo.{json,png}``.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -83,6 +85,7 @@ def summarize(result: dict[str, Any], samples: int) -> dict[str, Any]:
         "target_points": TARGET_POINTS,
         "target_met": reached is not None,
         "first_eval_at_target": None if reached is None else {"iteration": reached["iteration"], "grpo_s": reached["grpo_s"]},
+        "best_greedy_acc": max(p["eval/greedy_acc"] for p in curve),
         "iterations": after["iteration"],
         "grpo_s": after["grpo_s"],
         "median_iteration_s": median("time/iteration_s"),
@@ -120,12 +123,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--minutes", type=float, default=15.0, help="GRPO time budget (evaluations excluded)")
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--name", default="reasoning_grpo")
+    parser.add_argument("--shared", action="store_true",
+                        help="record that other work ran on the machine (its timings are slower than idle)")
     parser.add_argument("overrides", nargs="*", help="config overrides of the recipe (key=value)")
     args = parser.parse_args(argv)
     _, data = load_recipe("reasoning_grpo_tiny")
     cfg = apply_overrides(ReasoningConfig, data, ["plan.replan_threshold=0", "logging.wandb=false",
                                                   "logging.tensorboard=false", *args.overrides])
+    load_before = os.getloadavg()
     result = run(cfg, args.minutes, args.eval_every)
+    conditions = {"shared_machine": args.shared, "load_avg_1_5_15_before": load_before,
+                  "load_avg_1_5_15_after": os.getloadavg(), "cpu_cores": len(os.sched_getaffinity(0))}
     summary = summarize(result, cfg.eval.samples)
     png = plot(result, summary, RESULTS / f"{args.name}.png", cfg.eval.samples)
     print(f"greedy {summary['before']['eval/greedy_acc']:.3f} -> {summary['after']['eval/greedy_acc']:.3f} "
@@ -137,10 +145,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"tokens/s, {summary['median_iteration_s']:.3f} s/iteration (medians)")
     out = {
         "benchmark": "reasoning_grpo",
-        "command": "python -m benchmarks.reasoning_grpo " + " ".join(argv or []),
+        "command": "python -m benchmarks.reasoning_grpo " + " ".join(sys.argv[1:] if argv is None else argv),
         "config": to_dict(cfg),
         "plan": result["plan"],
         "summary": summary,
+        "conditions": conditions,
         "curve": result["curve"],
         "wall_s": result["wall_s"],
         "curve_png": png.name,

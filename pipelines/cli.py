@@ -99,10 +99,10 @@ def cmd_train(args: list[str]) -> int:
 
 def _print_summary(summary: dict[str, Any], run_dir: Path | None = None) -> None:
     keys = ["env_steps", "wall_s", "train/episode_return", "eval/episode_return", "eval/success_rate", "perf/env_steps_per_s",
-            "eval/greedy_acc", "eval/sampled_acc"]
+            "reward/acc", "perf/samples_per_s", "eval/greedy_acc", "eval/sampled_acc"]
     parts = []
     for k in keys:
-        if k in summary:
+        if summary.get(k) is not None:
             v = summary[k]
             parts.append(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}")
     where = f" (run dir: {run_dir})" if run_dir else ""

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from embodied.progress import EPISODE_METRICS
 from embodied.registry import Registry
 from embodied.runtime import Cluster
 from scheduler import Plan, PlanResult, Profile, Resources
@@ -73,8 +74,12 @@ class Workflow(ABC):
 
     #: the planner's component names, in flow order (``env``, ``rollout``, ``trainer``, ...)
     components: tuple[str, ...]
-    #: the unit of ``steps_per_iteration`` in progress displays (``steps``, ``samples``)
+    #: the unit of ``steps_per_iteration`` in progress displays (``steps``, ``prompts``)
     unit: str = "steps"
+    #: what the progress display and ``summary.json`` report of the last iteration: (label, metric key)
+    headline: tuple[tuple[str, str], ...] = EPISODE_METRICS
+    #: the per-iteration throughput metric whose run mean ``summary.json`` reports
+    throughput_metric: str = "perf/env_steps_per_s"
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg

@@ -48,6 +48,8 @@ class ReasoningWorkflow(Workflow):
 
     components = ("rollout", "reward", "trainer")
     unit = "prompts"
+    headline = (("reward", "reward/mean"), ("acc", "reward/acc"), ("length", "response_length/mean"))
+    throughput_metric = "perf/samples_per_s"
 
     def __init__(self, cfg: ReasoningConfig) -> None:
         super().__init__(cfg)
@@ -142,8 +144,10 @@ class ReasoningWorkflow(Workflow):
         self._connect(layout)
 
     def _connect(self, layout: Layout) -> None:
-        self.generated = Channel("generated", self.reward)  # chunk c -> reward rank c % ranks
-        self.scored = Channel("scored", self.trainer)
+        # A chunk takes a phase of generation to arrive (a long response batch of a large model can
+        # take minutes), so waits on either channel are bounded by cluster.phase_timeout_s.
+        self.generated = Channel("generated", self.reward, phase=True, source="rollout")  # chunk c -> rank c % ranks
+        self.scored = Channel("scored", self.trainer, phase=True, source="reward")
         self.streams = self._streams(layout, self.profile_)
 
     def apply(self, layout: Layout) -> None:
@@ -166,14 +170,14 @@ class ReasoningWorkflow(Workflow):
         t_sync = time.perf_counter()
         k = self.layout.num_chunks
         chunks = chunk_prompts(self.reader.draws(iteration), k)
-        rollout_f = self.rollout.call("generate", chunks, self.generated)
-        reward_f = self.reward.call("score", k, self.generated, self.scored)
+        rollout_f = self.rollout.call("generate", chunks, self.generated).as_phase()
+        reward_f = self.reward.call("score", k, self.generated, self.scored).as_phase()
         if self.streams:
-            train_f = self.trainer.call("train", self.scored, k, lr)
+            train_f = self.trainer.call("train", self.scored, k, lr).as_phase()
             wait_all(rollout_f, reward_f, train_f)
         else:  # the trainer shares cores with generation: it starts after it (the plan's phases)
             wait_all(rollout_f, reward_f)
-            train_f = self.trainer.call("train", self.scored, k, lr)
+            train_f = self.trainer.call("train", self.scored, k, lr).as_phase()
         stats = dict(train_f.result())
         t_end = time.perf_counter()
         rollouts, rewards = rollout_f.wait(), reward_f.wait()
@@ -227,7 +231,8 @@ class ReasoningWorkflow(Workflow):
         weights = self.trainer.call("export_weights")
         self.rollout.call("load_weights", weights.handle(0), ranks=[0]).wait()
         ev = self.cfg.eval
-        return self.rollout.call("evaluate", val, ev.samples, ev.batch_size, self.cfg.seed + 10_000_000, ranks=[0]).result()
+        return self.rollout.call("evaluate", val, ev.samples, ev.batch_size, self.cfg.seed + 10_000_000,
+                                 ranks=[0]).as_phase().result()
 
     def close(self) -> None:
         """Stop the verifier processes (math-verify) the rollout and reward workers may hold, then
