@@ -96,12 +96,17 @@ def test_plan_command_plans_the_reasoning_workflow(tmp_path) -> None:
 @pytest.mark.slow
 @pytest.mark.learning
 def test_grpo_raises_the_tiny_models_held_out_accuracy(tmp_path) -> None:
-    """The recipe as shipped (the calibrated, cached SFT warm start), 80 GRPO iterations."""
+    """The recipe as shipped (the calibrated, cached SFT warm start; Ray workers; the planner's plan),
+    cut to 60 GRPO iterations: the learning benchmark (benchmarks/reasoning_grpo.py) passes +15
+    greedy points there; this asks for +8 on the same 500 held-out problems."""
     run = tmp_path / "learn"
-    result = embodied("train", "reasoning_grpo_tiny", f"run.dir={run}", "algo.iterations=80", "eval.every=0",
-                      "logging.wandb=false", "plan.replan_threshold=0", timeout=1200)
+    result = embodied("train", "reasoning_grpo_tiny", f"run.dir={run}", "algo.iterations=60", "eval.every=0",
+                      "eval.samples=0", "checkpoint.every=0", "logging.wandb=false", "logging.tensorboard=false",
+                      "plan.replan_threshold=0", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    start = rows(run)[0]["warm_start/eval_greedy_acc"]
+    first, last = rows(run)[0], rows(run)[-1]
+    start = first["warm_start/eval_greedy_acc"]  # the SFT's greedy accuracy on the same 500 problems
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["eval/problems"] == 500
+    assert summary["iterations"] == 60 and summary["eval/problems"] == 500
     assert summary["eval/greedy_acc"] >= start + 0.08, (start, summary)
+    assert last["reward/frac_reward_zero_std"] < 0.5 and last["losses/non_finite_steps"] == 0
