@@ -52,7 +52,8 @@ def test_missing_model_or_files_are_user_errors(tmp_path) -> None:
 def test_tiny_recipe_trains_checkpoints_and_resumes(tmp_path) -> None:
     run = tmp_path / "tiny"
     common = [f"warm_start.cache_dir={tmp_path / 'sft'}", "warm_start.require_target=false", *TINY_SFT,
-              "eval.problems=10", "eval.samples=2", "checkpoint.every=1", "logging.wandb=false"]
+              "eval.problems=10", "eval.samples=2", "checkpoint.every=1", "logging.wandb=false",
+              "cluster.backend=local"]  # the Ray path: test_reasoning_pipeline and the learning test
     result = embodied("train", "reasoning_grpo_tiny", f"run.dir={run}", "algo.iterations=2", *common)
     assert result.returncode == 0, result.stderr[-3000:]
     config = yaml.safe_load((run / "config.yaml").read_text())
@@ -64,12 +65,14 @@ def test_tiny_recipe_trains_checkpoints_and_resumes(tmp_path) -> None:
     first = rows(run)
     assert [r["iteration"] for r in first] == [1, 2] and first[-1]["env_steps"] == 64  # prompts
     assert first[0]["warm_start/stop_reason"] == "steps"
-    for key in ("reward/mean", "reward/frac_reward_zero_std", "response_length/mean", "response_length/clip_ratio",
+    for key in ("reward/mean", "reward/acc", "reward/frac_reward_zero_std", "response_length/mean", "response_length/clip_ratio",
                 "losses/entropy", "losses/ppo_kl", "losses/pg_clipfrac", "perf/rollout_tokens_per_s",
                 "perf/trainer_tokens_per_s", "plan/predicted_iteration_s"):
         assert first[-1][key] is not None, key
     summary = json.loads((run / "summary.json").read_text())
     assert summary["iterations"] == 2 and 0 <= summary["eval/greedy_acc"] <= 1 and "eval/pass@2" in summary
+    assert 0 <= summary["reward/acc"] <= 1 and summary["perf/samples_per_s"] > 0 and "train/episode_return" not in summary
+    assert "[train] 64/64 prompts (100%)" in result.stderr and "| reward " in result.stderr  # the progress line
 
     result = embodied("train", f"resume={run}", "algo.iterations=3")
     assert result.returncode == 0, result.stderr[-3000:]
