@@ -19,10 +19,20 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-class Progress:
-    """``update(env_steps, metrics)`` after each iteration; ``close()`` at the end."""
+#: what a progress line shows by default: (label, metric key)
+EPISODE_METRICS = (("return", "train/episode_return"), ("success", "train/success_rate"))
 
-    def __init__(self, total_env_steps: int, mode: str = "auto", log_every_s: float = 10.0, start_steps: int = 0) -> None:
+
+class Progress:
+    """``update(env_steps, metrics)`` after each iteration; ``close()`` at the end.
+
+    ``unit`` names what the steps count (``steps``, ``prompts``); ``shown`` the (label, metric key)
+    pairs a line reports, ``-`` while a metric is missing."""
+
+    def __init__(self, total_env_steps: int, mode: str = "auto", log_every_s: float = 10.0, start_steps: int = 0,
+                 unit: str = "steps", shown: tuple[tuple[str, str], ...] = EPISODE_METRICS) -> None:
+        self.unit = unit
+        self.shown = shown
         if mode == "auto":
             mode = "bar" if sys.stdout.isatty() else "lines"
         self.mode = mode
@@ -38,33 +48,35 @@ class Progress:
             self._bar = RichProgress(
                 TextColumn("[bold]train"),
                 BarColumn(),
-                TextColumn("{task.completed:,.0f}/{task.total:,.0f} steps"),
-                TextColumn("{task.fields[sps]} steps/s"),
-                TextColumn("return {task.fields[ret]}"),
-                TextColumn("success {task.fields[succ]}"),
+                TextColumn(f"{{task.completed:,.0f}}/{{task.total:,.0f}} {unit}"),
+                TextColumn(f"{{task.fields[sps]}} {unit}/s"),
+                TextColumn("{task.fields[shown]}"),
                 TimeElapsedColumn(),
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
                 transient=False,
             )
-            self._task = self._bar.add_task("train", total=total_env_steps, completed=start_steps, sps="-", ret="-", succ="-")
+            self._task = self._bar.add_task("train", total=total_env_steps, completed=start_steps, sps="-",
+                                            shown=self._shown({}))
             self._bar.start()
 
     def update(self, env_steps: int, metrics: dict[str, Any], force: bool = False) -> None:
         elapsed = time.monotonic() - self.t0
         sps = (env_steps - self.start_steps) / max(elapsed, 1e-9)
-        ret = metrics.get("train/episode_return")
-        succ = metrics.get("train/success_rate")
+        shown = self._shown(metrics)
         if self._bar is not None:
-            self._bar.update(self._task, completed=env_steps, sps=f"{sps:,.0f}", ret=_fmt(ret), succ=_fmt(succ))
+            self._bar.update(self._task, completed=env_steps, sps=f"{sps:,.0f}", shown=shown)
         elif self.mode == "lines" and (force or elapsed - self._last_line >= self.log_every_s or env_steps >= self.total):
             self._last_line = elapsed
             remaining = max(0.0, self.total - env_steps) / sps if sps > 0 else float("nan")
             pct = 100.0 * env_steps / max(self.total, 1)
             LOG.info(
-                f"[train] {env_steps:,}/{self.total:,} steps ({pct:.0f}%) | {sps:,.0f} steps/s | "
-                f"return {_fmt(ret)} | success {_fmt(succ)} | elapsed {elapsed:.0f}s | ETA {remaining:.0f}s"
+                f"[train] {env_steps:,}/{self.total:,} {self.unit} ({pct:.0f}%) | {sps:,.0f} {self.unit}/s | "
+                f"{shown} | elapsed {elapsed:.0f}s | ETA {remaining:.0f}s"
             )
+
+    def _shown(self, metrics: dict[str, Any]) -> str:
+        return " | ".join(f"{label} {_fmt(metrics.get(key))}" for label, key in self.shown)
 
     def close(self) -> None:
         if self._bar is not None:

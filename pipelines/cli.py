@@ -74,7 +74,6 @@ def build_train_config(args: list[str]):
 def cmd_train(args: list[str]) -> int:
     from embodied.checkpoint import find_checkpoint
     from embodied.logs import open_run_log, report_failure
-    from pipelines.preflight import preflight
     from pipelines.rundir import RunDir
     from pipelines.runner import Runner
     from pipelines.workflow import WORKFLOWS
@@ -83,8 +82,8 @@ def cmd_train(args: list[str]) -> int:
     # Ray processes, workers or env processes behind (embodied.runtime.watchdog).
     start_watchdog()
     cfg = build_train_config(args)
-    spaces = preflight(cfg)  # env id, policy vs action space: fail before a run dir is touched
     workflow = WORKFLOWS.get(cfg.workflow).build(cfg)
+    spaces = workflow.preflight()  # env id, policy vs action space, files: fail before a run dir is touched
     if cfg.resume is not None:  # the new config must build the model the checkpoint holds
         workflow.check_checkpoint(find_checkpoint(cfg.resume, fallback=cfg.resume_fallback), *spaces)
     with RunDir.create(cfg, resume=cfg.resume is not None) as run, open_run_log(run.path):
@@ -99,10 +98,11 @@ def cmd_train(args: list[str]) -> int:
 
 
 def _print_summary(summary: dict[str, Any], run_dir: Path | None = None) -> None:
-    keys = ["env_steps", "wall_s", "train/episode_return", "eval/episode_return", "eval/success_rate", "perf/env_steps_per_s"]
+    keys = ["env_steps", "wall_s", "train/episode_return", "eval/episode_return", "eval/success_rate", "perf/env_steps_per_s",
+            "reward/acc", "perf/samples_per_s", "eval/greedy_acc", "eval/sampled_acc"]
     parts = []
     for k in keys:
-        if k in summary:
+        if summary.get(k) is not None:
             v = summary[k]
             parts.append(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}")
     where = f" (run dir: {run_dir})" if run_dir else ""

@@ -31,6 +31,7 @@ from pipelines.collect import resolve_device
 from pipelines.config import EmbodiedConfig
 from pipelines.evaluate import evaluate_policy
 from pipelines.planning import measured_factors, plan_embodied, profile_embodied, workflow_of
+from pipelines.preflight import preflight
 from pipelines.workers import BlockRoute, EnvWorker, Pinning, RolloutWorker, TrainerWorker
 from pipelines.workflow import WORKFLOWS, Layout, Workflow, WorkflowSpec
 from policies.registry import build_policy
@@ -57,6 +58,16 @@ class EmbodiedWorkflow(Workflow):
         # train/* episode metrics average the last RETURN_WINDOW finished episodes: the episodes that
         # finish inside one iteration alone are biased towards short ones.
         self.recent: deque[dict[str, float]] = deque(maxlen=RETURN_WINDOW)
+
+    def preflight(self) -> tuple[Any, Any]:
+        """The env builds and the policy fits it: (observation_space, action_space)."""
+        return preflight(self.cfg)
+
+    def describe(self) -> str:
+        cfg = self.cfg
+        workflow = workflow_of(cfg)
+        steps = "steps" if cfg.policy.action_chunk == 1 else f"chunks of {cfg.policy.action_chunk} actions"
+        return f"{workflow.num_envs} envs x {workflow.rollout_steps} {steps}, {workflow.train_epochs} epochs"
 
     # --- sizes -------------------------------------------------------------------------------------
     @property

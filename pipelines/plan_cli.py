@@ -12,8 +12,7 @@ from embodied.errors import UserError
 from embodied.runtime import Cluster
 from embodied.timeline_plot import plot_timelines
 from pipelines.cli import build_train_config, register_command
-from pipelines.planning import plan_embodied, profile_embodied, resources_of, workflow_of
-from pipelines.preflight import preflight
+from pipelines.workflow import WORKFLOWS
 from scheduler import Bound, PlanningError, sequential_plan, simulate
 
 
@@ -34,20 +33,19 @@ def cmd_plan(args: list[str]) -> int:
     parser.add_argument("--json", default=None, help="also write the plan, candidates and profile as JSON")
     flags, rest = parser.parse_known_args(args)
     cfg = build_train_config(rest)
-    preflight(cfg)
+    flow = WORKFLOWS.get(cfg.workflow).build(cfg)
+    flow.preflight()
     with Cluster(cfg.cluster) as cluster:
-        profile = profile_embodied(cfg, cluster, force=flags.profile or cfg.plan.reprofile)
+        profile = flow.profile(cluster, force=flags.profile or cfg.plan.reprofile, log=print)
     try:
-        result = plan_embodied(cfg, profile)
+        result = flow.plan(profile)
     except PlanningError as err:
         raise UserError(f"No plan fits this machine: {err}") from None
-    workflow, resources = workflow_of(cfg), resources_of(cfg)
+    workflow, resources = flow.planner_workflow(), flow.resources()
     baseline = sequential_plan(workflow, resources, profile)
     base_timeline = simulate(baseline, profile, workflow, resources)
     best = result.best
-    steps = "steps" if cfg.policy.action_chunk == 1 else f"chunks of {cfg.policy.action_chunk} actions"
-    print(f"workflow: {workflow.num_envs} envs x {workflow.rollout_steps} {steps}, {workflow.train_epochs} epochs; "
-          f"{len(resources)} {resources.devices[0].kind} devices")
+    print(f"workflow: {flow.describe()}; {len(resources)} {resources.devices[0].kind} devices")
     print(result.format_table(limit=12))
     speedup = baseline.predicted_iteration_s / best.predicted_iteration_s
     print(f"\nchosen: {best.mode}, {best.num_chunks} chunk(s), placement "

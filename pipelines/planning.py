@@ -341,7 +341,7 @@ class _Echo(Worker):
         return (time.perf_counter() - t0) / (2 * count)
 
 
-def _probe_transfer(cluster: Cluster, obs_mib: float, log) -> tuple[float, float]:
+def probe_transfer(cluster: Cluster, obs_mib: float, log) -> tuple[float, float]:
     """(latency_s, s_per_mib) of one channel message between two worker processes."""
     if cluster.backend != "ray":
         return 0.0, 0.0
@@ -393,7 +393,7 @@ def profile_embodied(cfg: EmbodiedConfig, cluster: Cluster, force: bool = False,
     trainer_policy = build_policy(cfg.policy, obs_space, action_space)
     trainer_probe, offload_s, onload_s = _probe_trainer(cfg, trainer_policy, obs, action_space, cores, log)
     obs_mib = _obs_mib_per_env(obs)
-    latency_s, s_per_mib = _probe_transfer(cluster, obs_mib * cfg.env.num_envs, log)
+    latency_s, s_per_mib = probe_transfer(cluster, obs_mib * cfg.env.num_envs, log)
     weights_mib = sum(p.numel() * p.element_size() for p in policy.state_dict().values()) / MIB
     action_mib = float(np.prod(action_space.shape or (1,))) * 4 * cfg.policy.action_chunk / MIB
     profile = Profile(

@@ -139,7 +139,8 @@ class Runner:
                 if trainer_state is not None:
                     self.workflow.load_trainer_state(trainer_state)
                     LOG.info(f"[embodied] resumed from {self.resumed_from} at iteration {self.iteration}, {self.steps:,} env steps")
-                progress = Progress(self.workflow.total_steps, cfg.logging.progress, cfg.run.log_every_s, self.steps)
+                progress = Progress(self.workflow.total_steps, cfg.logging.progress, cfg.run.log_every_s, self.steps,
+                                    unit=self.workflow.unit, shown=self.workflow.headline)
                 t_start = time.perf_counter()
                 last: dict[str, Any] = {}
                 while not self.done() and self.stop_signal is None:
@@ -168,9 +169,8 @@ class Runner:
                     "iterations": self.iteration,
                     "env_steps": self.steps,
                     "wall_s": wall_s,
-                    "train/episode_return": last.get("train/episode_return"),
-                    "train/success_rate": last.get("train/success_rate"),
-                    "perf/env_steps_per_s": self.mean_throughput(),
+                    **{key: last.get(key) for _, key in self.workflow.headline},
+                    self.workflow.throughput_metric: self.mean_throughput(),
                     **final_eval,
                 }
                 if interrupted:
@@ -190,7 +190,7 @@ class Runner:
 
     def final_evaluation(self) -> dict[str, Any]:
         self.doing = "evaluating the final policy"
-        video = self.run_dir.path / "videos" if self.cfg.eval.video and self.run_dir is not None else None
+        video = self.run_dir.path / "videos" if getattr(self.cfg.eval, "video", False) and self.run_dir is not None else None
         return self.workflow.evaluate(video_dir=video)
 
     def graceful_stop(self) -> Any:
@@ -260,9 +260,11 @@ class Runner:
         (self.run_dir.path / "plan.json").write_text(json.dumps(data, indent=2))
 
     def mean_throughput(self) -> float | None:
-        """Mean env steps/s over every iteration of the run (resumed ones included)."""
+        """Mean of the workflow's throughput metric (env steps/s) over every iteration of the run
+        (resumed ones included)."""
         assert self.run_dir is not None
-        rates = [r["perf/env_steps_per_s"] for r in read_metrics(self.run_dir.path) if r.get("perf/env_steps_per_s")]
+        key = self.workflow.throughput_metric
+        rates = [r[key] for r in read_metrics(self.run_dir.path) if r.get(key)]
         return float(np.mean(rates)) if rates else None
 
     def checkpoint(self, wall_s: float) -> Path:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from embodied.progress import EPISODE_METRICS
 from embodied.registry import Registry
 from embodied.runtime import Cluster
 from scheduler import Plan, PlanResult, Profile, Resources
@@ -73,11 +74,26 @@ class Workflow(ABC):
 
     #: the planner's component names, in flow order (``env``, ``rollout``, ``trainer``, ...)
     components: tuple[str, ...]
-    #: the unit of ``steps_per_iteration`` in progress displays (``steps``, ``samples``)
+    #: the unit of ``steps_per_iteration`` in progress displays (``steps``, ``prompts``)
     unit: str = "steps"
+    #: what the progress display and ``summary.json`` report of the last iteration: (label, metric key)
+    headline: tuple[tuple[str, str], ...] = EPISODE_METRICS
+    #: the per-iteration throughput metric whose run mean ``summary.json`` reports
+    throughput_metric: str = "perf/env_steps_per_s"
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
+
+    def preflight(self) -> tuple[Any, ...]:
+        """Check the config's inputs (files, models, envs) before a run dir is written; raise a
+        UserError naming what to fix. Returns what :meth:`check_checkpoint` needs after the
+        checkpoint (the embodied workflow: the env's spaces)."""
+        return ()
+
+    def describe(self) -> str:
+        """One line on what an iteration does, for ``embodied plan``."""
+        fields = self.planner_workflow().to_dict()
+        return ", ".join(f"{k}={v}" for k, v in fields.items() if v not in (0, None, False))
 
     # --- sizes -------------------------------------------------------------------------------------
     @property
@@ -169,5 +185,6 @@ WORKFLOWS: Registry[WorkflowSpec] = Registry("workflow")
 def schema_of(data: dict[str, Any]) -> type:
     """The config class of a recipe's dict (its ``workflow`` key; ``embodied`` by default)."""
     import pipelines.embodied  # noqa: F401  (registers the built-in workflows)
+    import pipelines.reasoning.workflow  # noqa: F401
 
     return WORKFLOWS.get(str(data.get("workflow", "embodied"))).config

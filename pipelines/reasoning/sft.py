@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,8 +39,10 @@ from pipelines.reasoning.data import PromptRecord, read_records
 from pipelines.reasoning.synthetic import ArithConfig, result_width, write_arith_dataset
 from pipelines.reasoning.verifiers import RewardConfig, RewardFunction
 from policies.lm.options import CausalLMOptions
-from policies.lm.policy import CausalLMPolicy
 from policies.lm.tiny import TinyModelConfig, write_tiny_model
+
+if TYPE_CHECKING:  # transformers loads only when a policy is built (SFTConfig is part of config schemas)
+    from policies.lm.policy import CausalLMPolicy
 
 #: Bump when the training code changes what a cached result would be.
 CACHE_VERSION = 1
@@ -165,6 +167,8 @@ def max_answer_tokens(policy: CausalLMPolicy, records: Sequence[PromptRecord]) -
 def sft_policy(model_dir: str | Path, data: ArithConfig) -> CausalLMPolicy:
     """The policy SFT trains and evaluates: temperature 1, no top-k/top-p (the RL rollout's
     distribution), room for the longest answer (digits and a sign), its EOS and one token more."""
+    from policies.lm.policy import CausalLMPolicy
+
     longest = max(result_width(op, data.digits) for op in data.operations) + 1
     return CausalLMPolicy(CausalLMOptions(model_path=str(model_dir), max_new_tokens=longest + 2))
 

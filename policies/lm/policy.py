@@ -104,21 +104,8 @@ class CausalLMPolicy(Policy):
 
     def prompt_text(self, prompt: Prompt) -> tuple[str, bool]:
         """The text a prompt becomes, and whether it is already templated (then the tokenizer adds
-        no special tokens of its own: the template wrote them)."""
-        mode = self.options.chat_template
-        has_template = getattr(self.tokenizer, "chat_template", None) is not None
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else _messages(prompt)
-        if mode == "on" or (mode == "auto" and has_template and not isinstance(prompt, str)):
-            if not has_template:
-                raise UserError(
-                    f"policy.kwargs.chat_template='on' but the tokenizer in {self.options.model_path!r} has no chat "
-                    "template; use 'auto' or 'off', or add a chat_template to its tokenizer_config.json."
-                )
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            return text, True
-        if isinstance(prompt, str):
-            return prompt, False
-        return "\n".join(m["content"] for m in messages), False
+        no special tokens of its own: the template wrote them). See :func:`render_prompt`."""
+        return render_prompt(self.tokenizer, prompt, self.options.chat_template, self.options.model_path)
 
     def encode_prompts(self, prompts: Sequence[Prompt]) -> dict[str, torch.Tensor]:
         """Prompts -> ``{"prompt_ids": (B, P) long, "prompt_mask": (B, P) bool}``, left-padded with the
@@ -127,11 +114,10 @@ class CausalLMPolicy(Policy):
             raise UserError("encode_prompts takes a list of prompts, not one string; wrap it in a list.")
         rows: list[list[int]] = []
         for i, prompt in enumerate(prompts):
-            text, templated = self.prompt_text(prompt)
-            ids = self.tokenizer(text, add_special_tokens=not templated)["input_ids"]
+            ids = prompt_token_ids(self.tokenizer, prompt, self.options.chat_template, self.options.model_path)
             if not ids:
                 raise UserError(f"prompt {i} encodes to no tokens; every prompt needs at least one.")
-            rows.append(list(ids))
+            rows.append(ids)
         if not rows:
             raise UserError("encode_prompts got no prompts.")
         width = max(len(r) for r in rows)
@@ -311,6 +297,44 @@ class CausalLMPolicy(Policy):
             yield
         finally:
             self.train(was_training)
+
+
+def load_tokenizer(options: CausalLMOptions) -> Any:
+    """The tokenizer of ``options.model_path`` alone (no weights loaded): enough to count prompt
+    tokens before a run starts."""
+    path = Path(options.model_path).expanduser()
+    if not (path / "config.json").is_file():
+        raise UserError(
+            f"policy.kwargs.model_path={options.model_path!r} is not a Hugging Face model directory "
+            "(no config.json there). Point it at a local directory written by save_pretrained."
+        )
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=options.trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot load the tokenizer in {str(path)!r}: {err}") from None
+
+
+def render_prompt(tokenizer: Any, prompt: Prompt, chat_template: str, model_path: str = "") -> tuple[str, bool]:
+    """The text ``prompt`` becomes under ``chat_template`` (``auto``/``on``/``off``, as the option
+    says), and whether it is templated (then the tokenizer adds no special tokens of its own)."""
+    has_template = getattr(tokenizer, "chat_template", None) is not None
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else _messages(prompt)
+    if chat_template == "on" or (chat_template == "auto" and has_template and not isinstance(prompt, str)):
+        if not has_template:
+            raise UserError(
+                f"policy.kwargs.chat_template='on' but the tokenizer in {model_path!r} has no chat "
+                "template; use 'auto' or 'off', or add a chat_template to its tokenizer_config.json."
+            )
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), True
+    if isinstance(prompt, str):
+        return prompt, False
+    return "\n".join(m["content"] for m in messages), False
+
+
+def prompt_token_ids(tokenizer: Any, prompt: Prompt, chat_template: str, model_path: str = "") -> list[int]:
+    """The token ids of one prompt as ``encode_prompts`` feeds it to the model (unpadded)."""
+    text, templated = render_prompt(tokenizer, prompt, chat_template, model_path)
+    return list(tokenizer(text, add_special_tokens=not templated)["input_ids"])
 
 
 def _messages(prompt: Sequence[dict[str, str]]) -> list[dict[str, str]]:
