@@ -66,9 +66,10 @@ class Runner:
         if not cfg.plan.profile:
             self.layout = self.workflow.unplanned_layout()
             return None
+        self.workflow.machine(cluster)  # the devices the plan is made for (every node's, on a cluster)
         self.profile = self.workflow.profile(cluster, force=cfg.plan.reprofile, log=LOG.debug)
         result = self.workflow.plan(self.profile)
-        self.layout = Layout.of(result.best, self.workflow.resources())
+        self.layout = self.workflow.layout_of(result.best)
         LOG.debug("[m2flow] candidate plans (predicted seconds per iteration):\n" + result.format_table(limit=8))
         bound = f"; no plan below {result.bound.iteration_s:.3f} s" if result.bound is not None else ""
         LOG.info(f"[m2flow] chosen: {result.best.mode}, {result.best.num_chunks} chunk(s), "

@@ -58,24 +58,38 @@ class Workflow:
     train_overlap: bool = False
     """embodied: the trainer trains on the previous iteration's samples while this iteration's are
     collected (one weight version of staleness). Only devices the trainer does not share can overlap."""
+    trainer_ranks: int = 1
+    """Data-parallel ranks of the trainer. Each rank takes whole devices of its own: the trainer's
+    CPU cores are a multiple of the ranks (the same number each), its GPUs one per rank. Its cost
+    model is that of all ranks together (``time_s(batch, devices)`` of a call of ``batch`` samples
+    spread over them, gradient combination included)."""
 
     def __post_init__(self) -> None:
         spec = workflow_kind(self.kind)
         if self.train_epochs < 1:
             raise ValueError(f"Workflow.train_epochs must be >= 1, got {self.train_epochs}")
+        if self.trainer_ranks < 1:
+            raise ValueError(f"Workflow.trainer_ranks must be >= 1, got {self.trainer_ranks}")
         spec.validate(self)
+
+    def rank_devices_fit(self, component: str, devices: int, kind: str) -> bool:
+        """Whether ``devices`` devices of ``kind`` suit the ranks of ``component``."""
+        if component != "trainer" or self.trainer_ranks == 1:
+            return True
+        return devices == self.trainer_ranks if kind == "gpu" else devices % self.trainer_ranks == 0
 
     @classmethod
     def embodied(
         cls, num_envs: int, rollout_steps: int, train_epochs: int = 1, train_minibatch: int | None = None,
-        train_overlap: bool = False,
+        train_overlap: bool = False, trainer_ranks: int = 1,
     ) -> Workflow:
         return cls("embodied", num_envs=num_envs, rollout_steps=rollout_steps, train_epochs=train_epochs,
-                   train_minibatch=train_minibatch, train_overlap=train_overlap)
+                   train_minibatch=train_minibatch, train_overlap=train_overlap, trainer_ranks=trainer_ranks)
 
     @classmethod
-    def reasoning(cls, num_prompts: int, group_size: int, train_epochs: int = 1) -> Workflow:
-        return cls("reasoning", num_prompts=num_prompts, group_size=group_size, train_epochs=train_epochs)
+    def reasoning(cls, num_prompts: int, group_size: int, train_epochs: int = 1, trainer_ranks: int = 1) -> Workflow:
+        return cls("reasoning", num_prompts=num_prompts, group_size=group_size, train_epochs=train_epochs,
+                   trainer_ranks=trainer_ranks)
 
     @property
     def spec(self) -> WorkflowKind:

@@ -116,6 +116,18 @@ def _ray_version() -> str:
 LOCAL_HOST = "127.0.0.1"
 
 
+@dataclass(frozen=True)
+class NodeInfo:
+    """One live node: its Ray node id (None on the local backend), address, CPUs, GPUs and
+    custom resources (``ray start --resources=...``)."""
+
+    node_id: str | None
+    address: str
+    cpus: float
+    gpus: float
+    resources: dict[str, float]
+
+
 class Cluster:
     """A handle on the compute the run uses. ``with Cluster(cfg) as cluster: ...`` shuts it down.
 
@@ -189,6 +201,50 @@ class Cluster:
 
             return float(ray.cluster_resources().get("GPU", 0))
         return float(self.cfg.num_gpus if self.cfg.num_gpus is not None else _cuda_count())
+
+    def nodes(self) -> list[NodeInfo]:
+        """The live nodes of the cluster with their resources (one node, this machine, on the
+        local backend)."""
+        if self.backend != "ray":
+            return [NodeInfo(None, LOCAL_HOST, self.num_cpus, self.num_gpus, {})]
+        import ray
+
+        out = []
+        for node in ray.nodes():
+            if not node.get("Alive"):
+                continue
+            res = dict(node.get("Resources", {}))
+            custom = {k: float(v) for k, v in res.items()
+                      if k not in ("CPU", "GPU", "memory", "object_store_memory") and not k.startswith("node:")}
+            out.append(NodeInfo(node["NodeID"], node.get("NodeManagerAddress", ""), float(res.get("CPU", 0)),
+                                float(res.get("GPU", 0)), custom))
+        return out
+
+    def check_capacity(self, requests: dict[str, list[tuple[str, dict[str, float]]]]) -> None:
+        """Raise a UserError when worker groups ask for more of a resource than the whole cluster
+        has (they would wait for it until ``cluster.start_timeout_s``). ``requests``: group ->
+        ``(config key prefix, {resource: amount})`` per rank, e.g. ``("workers.trainer", {"CPU": 0.5})``."""
+        if self.backend != "ray":
+            return
+        import ray
+
+        from embodied.errors import UserError
+
+        have = ray.cluster_resources()
+        wanted: dict[str, float] = {}
+        parts: dict[str, list[str]] = {}
+        for group, ranks in requests.items():
+            for key, amounts in ranks[:1]:
+                for name, amount in amounts.items():
+                    if amount > 0:
+                        wanted[name] = wanted.get(name, 0.0) + amount * len(ranks)
+                        parts.setdefault(name, []).append(f"{group} {len(ranks)} x {amount:g} ({key})")
+        short = [f"{wanted[n]:g} {n} ({', '.join(parts[n])}) but the cluster has {have.get(n, 0):g}"
+                 for n in wanted if wanted[n] > have.get(n, 0) + 1e-9]
+        if short:
+            raise UserError("The worker groups ask for more than the cluster has: " + "; ".join(short) + ". Lower those "
+                            "keys, run fewer ranks, or give the cluster more (cluster.num_cpus / cluster.num_gpus for a "
+                            "local Ray; nodes with those resources for a cluster).")
 
     def shutdown(self) -> None:
         if self.backend == "ray" and self._started_ray:
