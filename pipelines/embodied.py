@@ -144,8 +144,7 @@ class EmbodiedWorkflow(Workflow):
         self.layout, self.profile_ = layout, profile
         pins = self._pinnings(layout, profile)
         requests = {c: self._rank_resources(c, layout) for c in self.components}
-        cluster.check_capacity({c: [(f"workers.{c}_cpus / _device / _resources",
-                                     {"CPU": r.num_cpus, "GPU": r.num_gpus, **r.custom}) for r in ranks]
+        cluster.check_capacity({c: [{"CPU": r.num_cpus, "GPU": r.num_gpus, **r.custom} for r in ranks]
                                 for c, ranks in requests.items()})
         self.env = WorkerGroup(
             cluster, EnvWorker, w.env, cfg, layout.num_chunks, pins["env"], self.algorithm.grouped, name="env",

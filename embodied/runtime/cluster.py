@@ -220,11 +220,12 @@ class Cluster:
                                 float(res.get("GPU", 0)), custom))
         return out
 
-    def check_capacity(self, requests: dict[str, list[tuple[str, dict[str, float]]]]) -> None:
-        """Raise a UserError when worker groups ask for more of a resource than the whole cluster
-        has (they would wait for it until ``cluster.start_timeout_s``). ``requests``: group ->
-        ``(config key prefix, {resource: amount})`` per rank, e.g. ``("workers.trainer", {"CPU": 0.5})``."""
-        if self.backend != "ray":
+    def check_capacity(self, requests: dict[str, list[dict[str, float]]]) -> None:
+        """Raise a UserError when worker groups ask for more of a resource than the local Ray has:
+        they would wait for it until ``cluster.start_timeout_s``. ``requests``: group name ->
+        ``{resource: amount}`` of each rank (``CPU``, ``GPU``, custom resources). A joined cluster
+        (``cluster.address``) may grow (an autoscaler): not checked."""
+        if self.backend != "ray" or self.cfg.address is not None:
             return
         import ray
 
@@ -234,17 +235,17 @@ class Cluster:
         wanted: dict[str, float] = {}
         parts: dict[str, list[str]] = {}
         for group, ranks in requests.items():
-            for key, amounts in ranks[:1]:
-                for name, amount in amounts.items():
-                    if amount > 0:
-                        wanted[name] = wanted.get(name, 0.0) + amount * len(ranks)
-                        parts.setdefault(name, []).append(f"{group} {len(ranks)} x {amount:g} ({key})")
-        short = [f"{wanted[n]:g} {n} ({', '.join(parts[n])}) but the cluster has {have.get(n, 0):g}"
-                 for n in wanted if wanted[n] > have.get(n, 0) + 1e-9]
+            for rank in ranks:
+                for name, amount in rank.items():
+                    wanted[name] = wanted.get(name, 0.0) + amount
+            for name in {n for rank in ranks for n, a in rank.items() if a > 0}:
+                parts.setdefault(name, []).append(f"{group} {sum(r.get(name, 0.0) for r in ranks):g}")
+        short = [f"{wanted[n]:g} {n} ({', '.join(parts[n])}), the cluster has {have.get(n, 0):g}"
+                 for n in sorted(wanted) if wanted[n] > have.get(n, 0) + 1e-9]
         if short:
-            raise UserError("The worker groups ask for more than the cluster has: " + "; ".join(short) + ". Lower those "
-                            "keys, run fewer ranks, or give the cluster more (cluster.num_cpus / cluster.num_gpus for a "
-                            "local Ray; nodes with those resources for a cluster).")
+            raise UserError("The worker groups ask for more than the cluster has: " + "; ".join(short) + ". Lower "
+                            "workers.<group>_cpus / _resources, run fewer ranks (workers.<group>), or give the cluster "
+                            "more (cluster.num_cpus, cluster.num_gpus for a local Ray; nodes for a cluster).")
 
     def shutdown(self) -> None:
         if self.backend == "ray" and self._started_ray:

@@ -315,7 +315,8 @@ class FSDPParallel(_Distributed):
                         fully_shard(block, mesh=mesh)
         fully_shard(policy, mesh=mesh)
         register_fsdp_forward_method(policy, "evaluate")
-        policy.set_gradient_divide_factor(1.0)  # sum over ranks, not the mean
+        policy.set_gradient_divide_factor(1.0)  # sum over ranks, not the mean ...
+        policy.set_force_sum_reduction_for_comms(True)  # ... with a plain SUM (gloo has no PREMUL_SUM)
 
     @contextlib.contextmanager
     def training(self, policy: nn.Module) -> Iterator[_Trainer]:
