@@ -56,7 +56,7 @@ def workflow_of(cfg: EmbodiedConfig) -> Workflow:
         train_epochs=cfg.algo.epochs,
         train_minibatch=max(1, samples // cfg.algo.num_minibatches),
         train_overlap=cfg.algo.staleness > 0,
-        trainer_ranks=cfg.workers.trainer,
+        ranks={"env": cfg.workers.env, "rollout": cfg.workers.rollout, "trainer": cfg.workers.trainer},
     )
 
 

@@ -179,7 +179,7 @@ def _memory_options(
 
 
 def _ranks_fit(workflow: Workflow, placement: Placement, resources: Resources) -> bool:
-    """Whether every component's devices suit its ranks (see ``Workflow.trainer_ranks``)."""
+    """Whether every component's devices suit its ranks (see ``Workflow.ranks``)."""
     return all(workflow.rank_devices_fit(c, len(devices), resources.devices[devices[0]].kind)
                for c, devices in placement.items())
 
@@ -229,10 +229,11 @@ def _explain_infeasible(
     overflows: list[tuple[float, str]],
 ) -> str:
     spec = workflow.spec
-    if placements_found == 0 and workflow.trainer_ranks > 1:
-        return (f"no {'/'.join(modes)} placement gives the trainer's {workflow.trainer_ranks} ranks devices of their "
-                f"own: they need a multiple of {workflow.trainer_ranks} CPU cores, or exactly {workflow.trainer_ranks} "
-                "GPUs, beside the other components' devices")
+    if placements_found == 0 and workflow.ranks:
+        declared = ", ".join(f"{c} {n}" for c, n in workflow.ranks)
+        return (f"no {'/'.join(modes)} placement gives the components' ranks ({declared}) whole devices: the ranks of "
+                f"{' and '.join(spec.data_parallel)} need a multiple of their number in CPU cores or one GPU each; "
+                "others one GPU each (a GPU may hold several ranks of one component, the same number each)")
     if placements_found == 0:
         counts = ", ".join(
             f"{c}: {sum(len(k.indices) for k in eligible_classes(c, profile, resources))} eligible device(s)"
