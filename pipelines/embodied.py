@@ -197,8 +197,10 @@ class EmbodiedWorkflow(Workflow):
 
     def locations(self) -> dict[str, list[dict[str, Any]]]:
         """Where every rank of every worker group runs: host, Ray node id, pid."""
-        out = {}
-        for group in (self.env, self.rollout, self.trainer):
+        out: dict[str, list[dict[str, Any]]] = {}
+        for group in (getattr(self, name, None) for name in ("env", "rollout", "trainer")):
+            if group is None:
+                continue
             out[group.name] = [{"rank": i, "host": loc.node, "node_id": loc.node_id, "pid": loc.pid} if loc else {"rank": i}
                                for i, loc in enumerate(group.locations)]
         return out

@@ -248,7 +248,8 @@ class Runner:
         """Write the plan being executed (and the candidates it beat) to ``plan.json``."""
         if self.run_dir is None or self.layout is None:
             return
-        data: dict[str, Any] = {"plan": self.layout.plan.to_dict(), "planned": self.profile is not None}
+        data: dict[str, Any] = {"plan": self.layout.plan.to_dict(), "planned": self.profile is not None,
+                                "layout": self.layout.to_dict(), "workers": self.workflow.locations()}
         if result is not None:
             data["candidates"] = [
                 {"mode": m, "chunks": k, "placement": p, "predicted_s": t, "mean_utilization": u} for m, k, p, t, u in result.table()

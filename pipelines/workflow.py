@@ -135,6 +135,11 @@ class Workflow(ABC):
     def evaluate(self, video_dir: Path | None) -> dict[str, Any]:
         """Evaluate the trainer's current weights (``eval/*`` metrics)."""
 
+    def locations(self) -> dict[str, list[dict[str, Any]]]:
+        """Where each rank of each worker group runs (``plan.json``'s ``workers``): host, Ray
+        node id, pid. Empty before :meth:`build`."""
+        return {}
+
     def close(self) -> None:
         """Release workers (the cluster's shutdown ends them anyway)."""
 
