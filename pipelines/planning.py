@@ -1,11 +1,14 @@
 """M2Flow for the embodied workflow: profile the real components, plan, and lay the plan onto workers.
 
+    machine = machine_of(cfg, cluster)            # this machine's cores; every node's cores and GPUs
     profile = profile_embodied(cfg, cluster)     # measured, cached per env, policy and hardware
-    result = plan_embodied(cfg, profile)          # scheduler.plan: ranked candidates
-    layout = Layout.of(result.best, resources)    # cores per worker, chunks, offloads
+    result = plan_embodied(cfg, profile, machine.resources)   # scheduler.plan: ranked candidates
+    layout = Layout.of(result.best, machine, ranks)          # each rank's node, cores, GPUs; chunks, offloads
 
 On CPU every core is a device: a component placed on cores {0} runs pinned there (``sched_setaffinity``,
-inherited by its env processes) with as many torch threads as cores. Probes measure what the
+inherited by its env processes) with as many torch threads as cores. With ``workers.trainer=N`` the
+trainer's probe is one rank's share of the update plus an all-reduce of its gradients at the
+measured cost of a message, and the plan gives each rank whole cores (or one GPU) of its own. Probes measure what the
 workers run: a chunk's ``VecEnv.step`` at several chunk sizes and process counts (with the policy's
 inference between steps, as in the pipeline), the policy's
 inference at several batch sizes and thread counts, the trainer's update (the configured algorithm) per

@@ -401,6 +401,7 @@ class TrainerWorker(Worker):
                                       reference=self.reference, device=self.device, parallel=self.parallel)
         self.version += 1
         if self.offload_between_phases:
+            self.parallel.release()  # DDP's gradient buckets leave the device too
             switch["offload/offload_s"] = self.offloader.offload().seconds
         stats.update(switch)
         stats["time/train_s"] = time.perf_counter() - t0

@@ -107,13 +107,6 @@ def join_process_group(host: str, port: int, rank: int, world_size: int, backend
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 
-def leave_process_group() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 class _LossModule(nn.Module):
     """DDP wraps ``forward``: this one computes an algorithm's loss on the policy it holds."""
 
@@ -203,6 +196,9 @@ class DataParallel:
         """Whether the optimizer must be built over parameters this strategy replaced (FSDP)."""
         return False
 
+    def release(self) -> None:
+        """Drop what the strategy holds beside the model between updates (before an offload)."""
+
     def describe(self) -> str:
         return f"{self.strategy} x{self.world_size}"
 
@@ -277,23 +273,37 @@ def _sum_gradients(process_group, bucket):  # noqa: ANN001, ANN202 (DDP checks t
 
 class DDPParallel(_Distributed):
     """Every rank holds the whole model; gradient buckets are summed during the last backward of
-    each optimizer step (overlapping it)."""
+    each optimizer step (overlapping it). The wrapper lives from one update to the next (its
+    construction broadcasts rank 0's weights) until :meth:`release` (before an offload: its
+    buckets hold a gradient's worth of device memory)."""
 
     strategy = "ddp"
+
+    def __init__(self) -> None:
+        super().__init__()
+        # An algorithm may leave a head out of its loss (GRPO on a policy with a critic): DDP must
+        # then look for unused parameters (a traversal of the graph in every forward). The first
+        # update looks; later ones only when it found some.
+        self.find_unused = True
+        self._wrapped: nn.Module | None = None
 
     @contextlib.contextmanager
     def training(self, policy: nn.Module) -> Iterator[_Trainer]:
         from torch.nn.parallel import DistributedDataParallel
 
-        # find_unused_parameters: an algorithm may leave a head out of its loss (GRPO and a
-        # policy with a critic); forward_sync_buffers=False: buffers (normalizers) are updated
-        # identically on every rank from the same samples, and synced from rank 0 at wrap time.
-        wrapped = DistributedDataParallel(_LossModule(policy), find_unused_parameters=True, forward_sync_buffers=False)
-        wrapped.register_comm_hook(None, _sum_gradients)
-        try:
-            yield _Trainer(policy, wrapped)
-        finally:
-            del wrapped  # its buckets go with it (before an offload)
+        wrapped = self._wrapped
+        if wrapped is None or wrapped.module.policy is not policy or wrapped.find_unused_parameters != self.find_unused:
+            # forward_sync_buffers=False: buffers (normalizers) are updated identically on every
+            # rank from the same samples, and synced from rank 0 when wrapped.
+            wrapped = DistributedDataParallel(_LossModule(policy), find_unused_parameters=self.find_unused,
+                                              forward_sync_buffers=False)
+            wrapped.register_comm_hook(None, _sum_gradients)
+            self._wrapped = wrapped
+        yield _Trainer(policy, wrapped)
+        self.find_unused = any(p.grad is None for p in policy.parameters() if p.requires_grad)
+
+    def release(self) -> None:
+        self._wrapped = None
 
 
 class FSDPParallel(_Distributed):

@@ -94,8 +94,9 @@ def assert_same_update(weights: dict, stats: list[dict], reference: dict) -> Non
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_ranks_train_like_one_on_the_same_batch(ray_cluster, strategy):
     """PPO, two updates of 2 epochs x 3 uneven minibatches, observation normalizer on: two gloo
-    ranks (DDP or FSDP2) reach the weights and statistics of one rank; then with micro-batches of
-    4 samples per rank (accumulated), again."""
+    ranks (DDP or FSDP2) reach the weights and statistics of one rank; then, from one rank's
+    checkpoint, with micro-batches of at most 4 samples per rank (accumulated) and (DDP) the
+    trainer offloaded between updates, again; and their checkpoint is one rank's."""
     cfg = config(f"workers.trainer_strategy={strategy}")
     batches = [random_batch(seed=1), random_batch(seed=2), random_batch(seed=3)]
     reference = one_rank(cfg, batches[:2])
@@ -107,11 +108,13 @@ def test_two_ranks_train_like_one_on_the_same_batch(ray_cluster, strategy):
             assert per_rank[0]["losses/policy"] == pytest.approx(per_rank[1]["losses/policy"], rel=1e-6)
         assert_same_update(state_of(group.call("export_weights").wait()[0]), [s[0] for s in stats], reference)
 
-        # one rank's checkpoint continues on two; with micro-batches of at most 4 samples per rank
+        # one rank's checkpoint continues on two; with micro-batches of at most 4 samples per rank,
+        # and (DDP) the trainer's state offloaded between updates
         state = reference["state"]
         group.call("load_state", state["model"], state["optimizer"], state["version"], state["generator"]).wait()
-        group.call("configure", Pinning(), False, 4).wait()
+        group.call("configure", Pinning(), strategy == "ddp", 4).wait()
         more = group.call("update", batches[2], cfg.algo.lr).wait()[0]
+        assert ("offload/onload_s" in more) == (strategy == "ddp")
         # blocks of 9, 9 and 8 samples: 3 + 3 + 2 calls per epoch over 3 steps
         assert more["charts/micro_batches"] == pytest.approx(8 / 3)
         weights = state_of(group.call("export_weights").wait()[0])
