@@ -244,9 +244,10 @@ class EmbodiedConfig:
             problems.append("workers.env and workers.rollout must be >= 1")
         envs = self.workers.env * self.env.num_envs
         ranks = self.workers.trainer
-        if ranks > 1 and self.cluster.backend != "ray":
-            problems.append(f"workers.trainer={ranks} runs data-parallel ranks as processes: it needs cluster.backend=ray "
-                            "(the local backend runs every worker in this one process)")
+        if (ranks > 1 or self.workers.trainer_strategy == "fsdp") and self.cluster.backend != "ray":
+            what = f"workers.trainer={ranks}" if ranks > 1 else "workers.trainer_strategy=fsdp"
+            problems.append(f"{what} runs the trainer's ranks as processes of a process group: it needs "
+                            "cluster.backend=ray (the local backend runs every worker in this one process)")
         minibatch = envs * self.algo.rollout_steps // self.algo.num_minibatches
         if ranks > minibatch:
             problems.append(f"workers.trainer={ranks} ranks split each minibatch of {minibatch} samples (workers.env x "

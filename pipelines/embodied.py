@@ -128,12 +128,13 @@ class EmbodiedWorkflow(Workflow):
             out.append(RankResources(cpus, num_gpus, env_vars, dict(custom), None if custom else rank.node))
         return out
 
-    def _trainer_offloads(self, layout: Layout) -> bool:
+    def _offloads(self, component: str, layout: Layout) -> bool:
+        """Whether ``component`` leaves its devices between its phases (``plan.offload``, else the plan)."""
         forced = self.cfg.plan.offload
-        if forced is None and self.cfg.workers.trainer_strategy == "fsdp" and layout.offloads("trainer"):
+        if component == "trainer" and forced is None and self.cfg.workers.trainer_strategy == "fsdp" and layout.offloads("trainer"):
             LOG.warning("[m2flow] the plan offloads the trainer between phases; its FSDP shards stay on their devices")
             return False
-        return "trainer" in (forced if forced is not None else layout.plan.offload)
+        return component in (forced if forced is not None else layout.plan.offload)
 
     def _trainer_micro_batch(self, layout: Layout) -> int | None:
         return trainer_micro_batch(self.cfg.algo.micro_batch_size, layout.plan.train_microbatch, self.cfg.workers.trainer)
@@ -153,11 +154,12 @@ class EmbodiedWorkflow(Workflow):
         self.obs_space, self.action_space = self.env.call("spaces", ranks=[0]).result()
         self.rollout = WorkerGroup(
             cluster, RolloutWorker, w.rollout, cfg, self.obs_space, self.action_space, layout.num_chunks, pins["rollout"],
-            self.algorithm.needs_critic, self.algorithm.grouped, name="rollout", resources=requests["rollout"],
+            self.algorithm.needs_critic, self.algorithm.grouped, self._offloads("rollout", layout), name="rollout",
+            resources=requests["rollout"],
         )
         self.trainer = WorkerGroup(
             cluster, TrainerWorker, w.trainer, cfg, self.obs_space, self.action_space, pins["trainer"],
-            self._trainer_offloads(layout), self._trainer_micro_batch(layout),
+            self._offloads("trainer", layout), self._trainer_micro_batch(layout),
             name="trainer", resources=requests["trainer"],
         )
         if w.trainer > 1 or w.trainer_strategy == "fsdp":  # the ranks' process group
@@ -176,8 +178,8 @@ class EmbodiedWorkflow(Workflow):
         pins = self._pinnings(layout, self.profile_)
         wait_all(
             self.env.call("configure", layout.num_chunks, pins["env"]).as_phase(),  # rebuilds the envs
-            self.rollout.call("configure", layout.num_chunks, pins["rollout"]),
-            self.trainer.call("configure", pins["trainer"], self._trainer_offloads(layout), self._trainer_micro_batch(layout)),
+            self.rollout.call("configure", layout.num_chunks, pins["rollout"], self._offloads("rollout", layout)),
+            self.trainer.call("configure", pins["trainer"], self._offloads("trainer", layout), self._trainer_micro_batch(layout)),
         )
         self.layout = layout
         self._connect(layout)
@@ -255,6 +257,8 @@ class EmbodiedWorkflow(Workflow):
             "plan/mode": plan.mode,
             "plan/predicted_iteration_s": plan.predicted_iteration_s if self.profile_ is not None else None,
             "weights/version": roll_out[0]["version"],
+            "offload/rollout_offload_s": float(np.mean([o["offload_s"] for o in roll_out])) if "offload_s" in roll_out[0] else None,
+            "offload/rollout_onload_s": float(np.mean([o["onload_s"] for o in roll_out])) if "onload_s" in roll_out[0] else None,
             **stats,
         }
         if self.profile_ is not None and "time/train_s" in stats:

@@ -198,11 +198,12 @@ class RolloutWorker(Worker):
 
     def __init__(
         self, cfg: EmbodiedConfig, observation_space: Any, action_space: Any, num_chunks: int,
-        pinning: Pinnings | None = None, record_values: bool = True, episodic: bool = False,
+        pinning: Pinnings | None = None, record_values: bool = True, episodic: bool = False, offload: bool = False,
     ) -> None:
         """``record_values``: record the critic's values (critic-based algorithms). ``episodic``:
         each iteration needs one episode per env (GRPO): a chunk stops stepping once every env's
-        first episode has ended, and its batch is padded with invalid decisions."""
+        first episode has ended, and its batch is padded with invalid decisions. ``offload``: see
+        :meth:`configure`."""
         self.cfg = cfg
         self.episodic = episodic
         self.device = resolve_device(cfg.workers.rollout_device)
@@ -211,17 +212,26 @@ class RolloutWorker(Worker):
         self.version = -1
         self.rng = RngStream(cfg.seed + 7919 * (self.rank + 1), self.device)
         self.record_values, self.action_space = record_values, action_space
-        self.configure(num_chunks, pinning or Pinning(None, cfg.workers.rollout_threads))
+        self.offloader = Offloader(self.policy)
+        self.onload_s = 0.0
+        self.configure(num_chunks, pinning or Pinning(None, cfg.workers.rollout_threads), offload)
 
-    def configure(self, num_chunks: int, pinning: Pinnings) -> None:
-        """Serve the keys of ``num_chunks`` chunks per env worker, pinned as ``pinning`` says."""
+    def configure(self, num_chunks: int, pinning: Pinnings, offload: bool = False) -> None:
+        """Serve the keys of ``num_chunks`` chunks per env worker, pinned as ``pinning`` says.
+        With ``offload`` (a plan that colocates the rollout with the trainer) the policy's weights
+        leave the device after each collection and come back with the next weights."""
         own(pinning, self.rank).apply()
+        self.offload_between_phases = offload
+        if not offload and self.offloader.is_offloaded:
+            self.offloader.onload()
         total_keys = self.cfg.workers.env * num_chunks
         self.keys = [k for k in range(total_keys) if k % self.world_size == self.rank]
         self.recorders = {k: TrajectoryRecorder(self.policy, self.device, self.record_values, self.action_space, self.rng)
                           for k in self.keys}
 
     def load_weights(self, payload: WeightPayload) -> int:
+        if self.offloader.is_offloaded:  # the rollout's phase begins
+            self.onload_s = self.offloader.onload().seconds
         self.version = self.syncer.load(self.policy, payload)
         return self.version
 
@@ -252,7 +262,10 @@ class RolloutWorker(Worker):
         infer_s += time.perf_counter() - t0
         for trainer_rank in range(traj_channel.num_ranks):  # every data-parallel trainer rank trains on all of it
             traj_channel.put(trainer_rank, batch)
-        return {"infer_s": infer_s, "version": self.version}
+        out = {"infer_s": infer_s, "version": self.version}
+        if self.offload_between_phases:  # the rollout's phase ends: its weights leave the device
+            out.update(onload_s=self.onload_s, offload_s=self.offloader.offload().seconds)
+        return out
 
 
 class TrainerWorker(Worker):

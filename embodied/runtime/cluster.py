@@ -54,8 +54,9 @@ class ClusterConfig:
     """``ray``: every worker is a Ray actor (real processes). ``local``: every worker is a plain
     object in this process, each with its own thread (debugging, breakpoints, fast tests)."""
     address: str | None = None
-    """Ray address to join; ``auto`` joins the cluster started with ``ray start``. None starts a
-    local Ray sized to this machine."""
+    """Ray cluster to join, ``HOST:PORT`` of its head (see docs/cluster.md); ``auto`` joins the one
+    ``RAY_ADDRESS`` names, or else the one ``ray start`` started on this machine. None starts a
+    new local Ray sized to this machine, listening on loopback only (whatever else runs here)."""
     num_cpus: int | None = None
     """CPUs given to a local Ray (default: all cores of this machine)."""
     num_gpus: int | None = None
@@ -118,14 +119,11 @@ LOCAL_HOST = "127.0.0.1"
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """One live node: its Ray node id (None on the local backend), address, CPUs, GPUs and
-    custom resources (``ray start --resources=...``)."""
+    """One live node: its Ray node id (None on the local backend), CPUs and GPUs."""
 
     node_id: str | None
-    address: str
     cpus: float
     gpus: float
-    resources: dict[str, float]
 
 
 class Cluster:
@@ -178,8 +176,11 @@ class Cluster:
                 num_cpus = self.cfg.num_cpus or os.cpu_count() or 1
                 num_gpus = self.cfg.num_gpus if self.cfg.num_gpus is not None else _cuda_count()
                 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-                with _loopback_only():
-                    ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _node_ip_address=LOCAL_HOST, **kwargs)
+                # address="local" and no RAY_ADDRESS: always a new local Ray, never the cluster a
+                # `ray start` on this machine recorded in /tmp/ray/ray_current_cluster (joining one
+                # is cluster.address=auto)
+                with _loopback_only(), _without_env("RAY_ADDRESS"):
+                    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, _node_ip_address=LOCAL_HOST, **kwargs)
                 node_ip = ray.util.get_node_ip_address()
                 if node_ip != LOCAL_HOST:
                     log.warning("the local Ray listens on %s, not only on %s (Ray changed how it resolves "
@@ -206,19 +207,11 @@ class Cluster:
         """The live nodes of the cluster with their resources (one node, this machine, on the
         local backend)."""
         if self.backend != "ray":
-            return [NodeInfo(None, LOCAL_HOST, self.num_cpus, self.num_gpus, {})]
+            return [NodeInfo(None, self.num_cpus, self.num_gpus)]
         import ray
 
-        out = []
-        for node in ray.nodes():
-            if not node.get("Alive"):
-                continue
-            res = dict(node.get("Resources", {}))
-            custom = {k: float(v) for k, v in res.items()
-                      if k not in ("CPU", "GPU", "memory", "object_store_memory") and not k.startswith("node:")}
-            out.append(NodeInfo(node["NodeID"], node.get("NodeManagerAddress", ""), float(res.get("CPU", 0)),
-                                float(res.get("GPU", 0)), custom))
-        return out
+        return [NodeInfo(node["NodeID"], float(node["Resources"].get("CPU", 0)), float(node["Resources"].get("GPU", 0)))
+                for node in ray.nodes() if node.get("Alive")]
 
     def check_capacity(self, requests: dict[str, list[dict[str, float]]]) -> None:
         """Raise a UserError when worker groups ask for more of a resource than the local Ray has:
@@ -279,6 +272,17 @@ def _loopback_only() -> Iterator[None]:
         yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = before
+
+
+@contextlib.contextmanager
+def _without_env(key: str) -> Iterator[None]:
+    """``os.environ`` without ``key`` inside the block."""
+    saved = os.environ.pop(key, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[key] = saved
 
 
 @contextlib.contextmanager

@@ -14,9 +14,10 @@ gradients are **summed** over the ranks (not averaged): N ranks take the optimiz
 would take on the whole minibatch, up to float summation order.
 
 * ``ddp``: torch's ``DistributedDataParallel`` around a module whose ``forward`` is the
-  algorithm's loss (the policy contract's ``evaluate`` is not ``forward``). It is built for one
-  update and dropped after it, so its gradient buckets do not outlive the training phase
-  (offloading then moves plain tensors) and every update starts from rank 0's weights.
+  algorithm's loss (the policy contract's ``evaluate`` is not ``forward``), with a communication
+  hook that sums. Built at the first update (broadcasting rank 0's weights) and kept until
+  :meth:`DataParallel.release`, which the trainer calls before it offloads (the wrapper's
+  gradient buckets would stay on the device).
 * ``fsdp``: FSDP2 (``fully_shard``): parameters, gradients and optimizer state sharded over the
   ranks; each ``nn.ModuleList`` entry (a transformer's blocks) is its own unit, then the policy;
   ``evaluate`` is registered as a forward method so its parameters are gathered for it. The
@@ -161,7 +162,8 @@ class DataParallel:
     # --- training ----------------------------------------------------------------------------
     @contextlib.contextmanager
     def training(self, policy: nn.Module) -> Iterator[_Trainer]:
-        """The policy prepared for one update (DDP: wrapped for its duration)."""
+        """The policy prepared for one update (DDP: wrapped; the wrapper is kept for the next
+        update until :meth:`release`)."""
         yield _Trainer(policy, None)
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -321,8 +323,7 @@ class FSDPParallel(_Distributed):
         for module in list(policy.modules()):
             if isinstance(module, nn.ModuleList):  # transformer blocks: gathered one at a time
                 for block in module:
-                    if any(p.requires_grad for p in block.parameters()):
-                        fully_shard(block, mesh=mesh)
+                    fully_shard(block, mesh=mesh)
         fully_shard(policy, mesh=mesh)
         register_fsdp_forward_method(policy, "evaluate")
         policy.set_gradient_divide_factor(1.0)  # sum over ranks, not the mean ...

@@ -345,8 +345,7 @@ class GroupFuture:
         loc = self.locations[i] if self.locations is not None else None
         if loc is None:
             return {}
-        return {"node": loc.node, "pid": loc.pid, **({"log": loc.log} if loc.log else {}),
-                **({"node_id": loc.node_id} if loc.node_id else {})}
+        return {"node": loc.node, "pid": loc.pid, **({"log": loc.log} if loc.log else {})}
 
     def error(self, i: int, what: str, cls: type[WorkerError] | None = None) -> WorkerError:
         """A :class:`WorkerError` (or ``cls``) for ``ranks[i]`` of this call."""

@@ -72,3 +72,22 @@ def test_a_run_on_two_nodes_puts_workers_where_asked_and_completes(two_nodes, tm
     assert [w["node_id"] for w in workers["trainer"]] == [nodes["trainer"]] * 2
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["weights/version"] for r in rows] == [0, 1, 2]  # weights crossed to the env node every iteration
+
+
+LOCAL_RAY = """
+import json, ray
+from embodied.runtime import Cluster, ClusterConfig
+with Cluster(ClusterConfig(num_cpus=1)):
+    print(json.dumps({"nodes": [n["NodeID"] for n in ray.nodes()], "ip": ray.util.get_node_ip_address()}))
+"""
+
+
+def test_a_run_without_an_address_starts_its_own_loopback_ray_beside_a_cluster(two_nodes, tmp_path):
+    """The two-node cluster recorded itself as this machine's current cluster (as `ray start` does):
+    a run without cluster.address still starts a Ray of its own, on loopback, and does not join it."""
+    cluster, nodes = two_nodes
+    out = subprocess.run([sys.executable, "-c", LOCAL_RAY], cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["ip"] == "127.0.0.1" and len(got["nodes"]) == 1 and not set(got["nodes"]) & set(nodes.values())

@@ -25,12 +25,13 @@ def rows(run: Path) -> list[dict]:
 def two_rank_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("ranks") / "run"
     result = embodied("train", "cartpole_ppo", f"run.dir={run}", "workers.trainer=2", "algo.total_env_steps=768",
-                      "plan.profile=false", *SHORT)
+                      "plan.profile=false", "plan.offload=[trainer, rollout]", *SHORT)
     assert result.returncode == 0, result.stderr[-3000:]
     return run
 
 
 def test_two_trainer_ranks_train_a_run_to_the_end(two_rank_run):
+    """Two DDP ranks, with the trainer and the rollout offloading between phases (plan.offload)."""
     summary = json.loads((two_rank_run / "summary.json").read_text())
     assert summary["iterations"] == 3 and summary["env_steps"] == 768
     trainers = json.loads((two_rank_run / "plan.json").read_text())["workers"]["trainer"]
@@ -38,6 +39,9 @@ def test_two_trainer_ranks_train_a_run_to_the_end(two_rank_run):
     assert (two_rank_run / "logs" / "trainer-1.log").is_file()
     last = rows(two_rank_run)[-1]
     assert last["weights/version"] == 2 and last["losses/epochs"] == 2.0 and last["charts/samples"] == 256.0
+    # plan.offload: the trainer ranks and the rollout leave their devices between their phases
+    assert last["offload/offload_s"] > 0 and last["offload/onload_s"] > 0
+    assert last["offload/rollout_offload_s"] > 0 and last["offload/rollout_onload_s"] > 0
 
 
 def test_resume_onto_one_rank(two_rank_run):
