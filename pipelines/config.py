@@ -81,6 +81,17 @@ class WorkersConfig:
     """Env worker ranks (each steps ``env.num_envs`` envs)."""
     rollout: int = 1
     """Rollout (inference) worker ranks."""
+    trainer: int = 1
+    """Trainer ranks, data parallel: processes joined by torch.distributed (gloo on CPU, NCCL on
+    CUDA). Each receives the whole batch and trains on its block of every minibatch; gradients are
+    summed over the ranks, so N ranks take the steps one rank would (up to float rounding).
+    Checkpoints hold whole tensors: a run resumes onto any number of ranks. Needs
+    ``cluster.backend=ray``."""
+    trainer_strategy: Literal["ddp", "fsdp"] = "ddp"
+    """How trainer ranks share the model. ``ddp``: every rank holds all of it (torch's
+    DistributedDataParallel). ``fsdp``: parameters, gradients and optimizer state sharded over
+    the ranks (FSDP2 ``fully_shard``), for models that do not fit one device; not with the
+    trainer offloading between phases."""
     env_cpus: float = 1.0
     """CPUs reserved per env rank (fractions let workers share cores)."""
     rollout_cpus: float = 0.5
@@ -98,10 +109,25 @@ class WorkersConfig:
     """Device of rollout inference and of evaluation: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``."""
     trainer_device: str = "cpu"
     """Device of the trainer: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``."""
+    env_resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each env rank asks for, e.g. ``{node_env: 1}`` to run env workers only
+    on nodes started with ``ray start --resources='{"node_env": 4}'`` (see docs/cluster.md)."""
+    rollout_resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each rollout rank asks for (as ``env_resources``)."""
+    trainer_resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each trainer rank asks for (as ``env_resources``)."""
 
     def __post_init__(self) -> None:
         problems = [f"workers.{k} must be > 0 (got {getattr(self, k)})"
                     for k in ("env_cpus", "rollout_cpus", "trainer_cpus") if getattr(self, k) <= 0]
+        if self.trainer < 1:
+            problems.append(f"workers.trainer must be >= 1 (got {self.trainer})")
+        for k in ("env_resources", "rollout_resources", "trainer_resources"):
+            bad = {name: v for name, v in getattr(self, k).items()
+                   if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0 or name in ("CPU", "GPU")}
+            if bad:
+                problems.append(f"workers.{k} maps custom Ray resource names to amounts > 0 (CPUs and GPUs have "
+                                f"keys of their own: workers.*_cpus, workers.*_device); got {bad}")
         problems += [f"workers.{k} must be >= 1 (got {getattr(self, k)})"
                      for k in ("rollout_threads", "trainer_threads") if getattr(self, k) < 1]
         for k in ("rollout_device", "trainer_device"):
@@ -217,6 +243,18 @@ class EmbodiedConfig:
         if self.workers.env < 1 or self.workers.rollout < 1:
             problems.append("workers.env and workers.rollout must be >= 1")
         envs = self.workers.env * self.env.num_envs
+        ranks = self.workers.trainer
+        if (ranks > 1 or self.workers.trainer_strategy == "fsdp") and self.cluster.backend != "ray":
+            what = f"workers.trainer={ranks}" if ranks > 1 else "workers.trainer_strategy=fsdp"
+            problems.append(f"{what} runs the trainer's ranks as processes of a process group: it needs "
+                            "cluster.backend=ray (the local backend runs every worker in this one process)")
+        minibatch = envs * self.algo.rollout_steps // self.algo.num_minibatches
+        if ranks > minibatch:
+            problems.append(f"workers.trainer={ranks} ranks split each minibatch of {minibatch} samples (workers.env x "
+                            "env.num_envs x algo.rollout_steps / algo.num_minibatches): use at most that many ranks")
+        if self.workers.trainer_strategy == "fsdp" and "trainer" in (self.plan.offload or []):
+            problems.append("workers.trainer_strategy=fsdp keeps the trainer's shards on its devices: drop trainer from "
+                            "plan.offload, or use workers.trainer_strategy=ddp")
         if self.algo.name == "grpo" and envs % self.algo.group_size:
             problems.append(f"GRPO starts envs in groups of algo.group_size={self.algo.group_size}: the "
                             f"{envs} envs (workers.env x env.num_envs) must be a multiple of it")

@@ -24,13 +24,21 @@ from typing import Any, Callable
 import numpy as np
 
 from embodied.algorithms import build_algorithm
-from embodied.runtime import Channel, Cluster, GroupFuture, RankResources, WorkerGroup, wait_all
+from embodied.runtime import Channel, Cluster, GroupFuture, RankResources, WorkerError, WorkerGroup, wait_all
 from embodied.checkpoint import check_compatible
 from embodied.runtime.weights import WeightSyncer, state_of
 from pipelines.collect import resolve_device
 from pipelines.config import EmbodiedConfig
 from pipelines.evaluate import evaluate_policy
-from pipelines.planning import measured_factors, plan_embodied, profile_embodied, workflow_of
+from pipelines.layout import Machine, RankPlacement
+from pipelines.planning import (
+    machine_of,
+    measured_factors,
+    plan_embodied,
+    profile_embodied,
+    trainer_micro_batch,
+    workflow_of,
+)
 from pipelines.preflight import preflight
 from pipelines.workers import BlockRoute, EnvWorker, Pinning, RolloutWorker, TrainerWorker
 from pipelines.workflow import WORKFLOWS, Layout, Workflow, WorkflowSpec
@@ -86,68 +94,129 @@ class EmbodiedWorkflow(Workflow):
         return profile_embodied(self.cfg, cluster, force=force, log=log)
 
     def plan(self, profile: Profile) -> PlanResult:
-        return plan_embodied(self.cfg, profile)
+        return plan_embodied(self.cfg, profile, self.resources())
+
+    def discover(self, cluster: Cluster) -> Machine:
+        return machine_of(self.cfg, cluster)
+
+    def ranks(self) -> dict[str, int]:
+        w = self.cfg.workers
+        return {"env": w.env, "rollout": w.rollout, "trainer": w.trainer}
 
     def measured_factors(self, profile: Profile, layout: Layout, metrics: dict[str, Any]) -> dict[str, float]:
         return measured_factors(profile, layout, self.cfg, metrics)
 
-    def _pinnings(self, layout: Layout, profile: Profile | None) -> tuple[Pinning, Pinning, Pinning]:
-        """Pinnings of a layout's components (unplanned: not pinned, configured threads)."""
+    def _pinnings(self, layout: Layout, profile: Profile | None) -> dict[str, tuple[Pinning, ...]]:
+        """Each rank's pinning (unplanned: not pinned, configured threads)."""
         w = self.cfg.workers
         if profile is None:
-            return Pinning(None, w.rollout_threads), Pinning(None, w.rollout_threads), Pinning(None, w.trainer_threads)
+            configured = {"env": w.rollout_threads, "rollout": w.rollout_threads, "trainer": w.trainer_threads}
+            return {c: (Pinning(None, configured[c]),) * n for c, n in self.ranks().items()}
 
-        def threads(component: str) -> int:
+        def pinning(component: str, rank: RankPlacement) -> Pinning:
             # One torch thread per core only where the probes showed the component scales with
             # cores; small models run fastest on one thread (more threads only spin and contend).
-            cores = layout.cores_of(component)
-            return len(cores) if profile[component].cost.scaling_exponent >= MIN_THREAD_SCALING else 1
+            # Env ranks run one thread: their cores go to their env processes.
+            cores = rank.cores
+            scales = component != "env" and profile[component].cost.scaling_exponent >= MIN_THREAD_SCALING
+            return Pinning(cores, len(cores) if cores is not None and scales else 1)
 
-        return (Pinning(layout.cores_of("env"), 1), Pinning(layout.cores_of("rollout"), threads("rollout")),
-                Pinning(layout.cores_of("trainer"), threads("trainer")))
+        return {c: tuple(pinning(c, r) for r in layout.ranks_of(c)) for c in self.components}
 
-    def _trainer_offloads(self, layout: Layout) -> bool:
+    def _rank_resources(self, component: str, layout: Layout) -> list[RankResources]:
+        """What each rank of ``component`` reserves from Ray: its CPUs, its GPUs (the layout's
+        share, or one whole GPU that Ray picks for a CUDA worker outside a GPU plan), custom
+        resources, its node (unless custom resources choose the nodes), thread variables."""
+        w = self.cfg.workers
+        cpus = {"env": w.env_cpus, "rollout": w.rollout_cpus, "trainer": w.trainer_cpus}[component]
+        device = {"env": "cpu", "rollout": w.rollout_device, "trainer": w.trainer_device}[component]
+        custom = {"env": w.env_resources, "rollout": w.rollout_resources, "trainer": w.trainer_resources}[component]
+        threads = w.trainer_threads if component == "trainer" else w.rollout_threads
+        out = []
+        for rank in layout.ranks_of(component):
+            num_gpus = rank.num_gpus if rank.gpus is not None else (1.0 if device.startswith("cuda") else 0.0)
+            env_vars = {**{k: str(threads) for k in THREAD_ENV}, **rank.env_vars()}
+            out.append(RankResources(cpus, num_gpus, env_vars, dict(custom), None if custom else rank.node))
+        return out
+
+    def _offloads(self, component: str, layout: Layout) -> bool:
+        """Whether ``component`` leaves its devices between its phases (``plan.offload``, else the plan)."""
         forced = self.cfg.plan.offload
-        return "trainer" in (forced if forced is not None else layout.plan.offload)
+        if component == "trainer" and forced is None and self.cfg.workers.trainer_strategy == "fsdp" and layout.offloads("trainer"):
+            LOG.warning("[m2flow] the plan offloads the trainer between phases; its FSDP shards stay on their devices")
+            return False
+        return component in (forced if forced is not None else layout.plan.offload)
+
+    def _trainer_micro_batch(self, layout: Layout) -> int | None:
+        return trainer_micro_batch(self.cfg.algo.micro_batch_size, layout.plan.train_microbatch, self.cfg.workers.trainer)
 
     # --- running -----------------------------------------------------------------------------------
     def build(self, cluster: Cluster, layout: Layout, profile: Profile | None) -> None:
         cfg, w = self.cfg, self.cfg.workers
         self.layout, self.profile_ = layout, profile
-        threads = {k: str(w.rollout_threads) for k in THREAD_ENV}
-        env_p, roll_p, trainer_p = self._pinnings(layout, profile)
-        gpu = lambda device: 1.0 if device.startswith("cuda") else 0.0  # noqa: E731
+        pins = self._pinnings(layout, profile)
+        requests = {c: self._rank_resources(c, layout) for c in self.components}
+        cluster.check_capacity({c: [{"CPU": r.num_cpus, "GPU": r.num_gpus, **r.custom} for r in ranks]
+                                for c, ranks in requests.items()})
         self.env = WorkerGroup(
-            cluster, EnvWorker, w.env, cfg, layout.num_chunks, env_p, self.algorithm.grouped, name="env",
-            resources=RankResources(w.env_cpus, env_vars=threads),
+            cluster, EnvWorker, w.env, cfg, layout.num_chunks, pins["env"], self.algorithm.grouped, name="env",
+            resources=requests["env"],
         )
         self.obs_space, self.action_space = self.env.call("spaces", ranks=[0]).result()
         self.rollout = WorkerGroup(
-            cluster, RolloutWorker, w.rollout, cfg, self.obs_space, self.action_space, layout.num_chunks, roll_p,
-            self.algorithm.needs_critic, self.algorithm.grouped, name="rollout", resources=RankResources(w.rollout_cpus, gpu(w.rollout_device), threads),
+            cluster, RolloutWorker, w.rollout, cfg, self.obs_space, self.action_space, layout.num_chunks, pins["rollout"],
+            self.algorithm.needs_critic, self.algorithm.grouped, self._offloads("rollout", layout), name="rollout",
+            resources=requests["rollout"],
         )
         self.trainer = WorkerGroup(
-            cluster, TrainerWorker, 1, cfg, self.obs_space, self.action_space, trainer_p, self._trainer_offloads(layout),
-            name="trainer",
-            resources=RankResources(w.trainer_cpus, gpu(w.trainer_device), {k: str(w.trainer_threads) for k in THREAD_ENV}),
+            cluster, TrainerWorker, w.trainer, cfg, self.obs_space, self.action_space, pins["trainer"],
+            self._offloads("trainer", layout), self._trainer_micro_batch(layout),
+            name="trainer", resources=requests["trainer"],
         )
+        if w.trainer > 1 or w.trainer_strategy == "fsdp":  # the ranks' process group
+            host, port = self.trainer.call("rendezvous", ranks=[0]).result()
+            described = self._wait_trainer(self.trainer.call("join", host, port))[0]
+            LOG.debug(f"[embodied] trainer: {described} via {host}:{port}")
         self._connect(layout)
 
     def _connect(self, layout: Layout) -> None:
         self.obs_channel = Channel("observations", self.rollout, source="env")
         self.action_channel = Channel("actions", self.env, route=BlockRoute(layout.num_chunks), source="rollout")
-        # the trainer waits for a whole collection's batch: a phase, not one message
+        # every trainer rank waits for a whole collection's batch (on its own key): a phase, not one message
         self.traj_channel = Channel("trajectories", self.trainer, phase=True, source="rollout")
 
     def apply(self, layout: Layout) -> None:
-        env_p, roll_p, trainer_p = self._pinnings(layout, self.profile_)
+        pins = self._pinnings(layout, self.profile_)
         wait_all(
-            self.env.call("configure", layout.num_chunks, env_p).as_phase(),  # rebuilds the envs
-            self.rollout.call("configure", layout.num_chunks, roll_p),
-            self.trainer.call("configure", trainer_p, self._trainer_offloads(layout)),
+            self.env.call("configure", layout.num_chunks, pins["env"]).as_phase(),  # rebuilds the envs
+            self.rollout.call("configure", layout.num_chunks, pins["rollout"], self._offloads("rollout", layout)),
+            self.trainer.call("configure", pins["trainer"], self._offloads("trainer", layout), self._trainer_micro_batch(layout)),
         )
         self.layout = layout
         self._connect(layout)
+
+    def _wait_trainer(self, *futures: GroupFuture) -> list[Any]:
+        """Wait for calls that involve the trainer ranks; the results of the first. When one
+        rank fails because another died (a collective lost its peer), the dead rank is named."""
+        try:
+            wait_all(*futures)
+        except WorkerError as err:
+            if err.group == self.trainer.name and self.trainer.num_ranks > 1:
+                dead = self.trainer.first_dead(err.method)
+                if dead is not None and dead.rank != err.rank:
+                    raise dead from err
+            raise
+        return futures[0].wait()
+
+    def locations(self) -> dict[str, list[dict[str, Any]]]:
+        """Where every rank of every worker group runs: host, Ray node id, pid."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for group in (getattr(self, name, None) for name in ("env", "rollout", "trainer")):
+            if group is None:
+                continue
+            out[group.name] = [{"rank": i, "host": loc.node, "node_id": loc.node_id, "pid": loc.pid} if loc else {"rank": i}
+                               for i, loc in enumerate(group.locations)]
+        return out
 
     def iterate(self, iteration: int, lr: float, last: bool) -> dict[str, Any]:
         """Sync weights, collect T decisions from every env, train. With ``algo.staleness=1`` the
@@ -156,8 +225,8 @@ class EmbodiedWorkflow(Workflow):
         cfg = self.cfg
         assert self.layout is not None, "iterate() before build()"
         t0 = time.perf_counter()
-        weights = self.trainer.call("export_weights")
-        self.rollout.call("load_weights", weights.handle(0)).wait()
+        weights = self.trainer.call("export_weights")  # rank 0's payload; one copy per node reads it
+        self._wait_trainer(weights, self.rollout.call("load_weights", weights.handle(0)))
         t_sync = time.perf_counter()
         T = cfg.algo.rollout_steps
         env_f = self.env.call("interact", T, self.obs_channel, self.action_channel, iteration).as_phase()
@@ -166,9 +235,9 @@ class EmbodiedWorkflow(Workflow):
         train_f = self._train_call(lr) if overlap and self.pending else None
         wait_all(env_f, roll_f)
         t_rollout = time.perf_counter()
-        stats: dict[str, Any] = train_f.result() if train_f is not None else {}
+        stats: dict[str, Any] = self._wait_trainer(train_f)[0] if train_f is not None else {}
         if not overlap or last:
-            stats = self._train_call(lr).result()
+            stats = self._wait_trainer(self._train_call(lr))[0]
             self.pending = False
         else:
             self.pending = True
@@ -199,6 +268,8 @@ class EmbodiedWorkflow(Workflow):
             "plan/mode": plan.mode,
             "plan/predicted_iteration_s": plan.predicted_iteration_s if self.profile_ is not None else None,
             "weights/version": roll_out[0]["version"],
+            "offload/rollout_offload_s": float(np.mean([o["offload_s"] for o in roll_out])) if "offload_s" in roll_out[0] else None,
+            "offload/rollout_onload_s": float(np.mean([o["onload_s"] for o in roll_out])) if "onload_s" in roll_out[0] else None,
             **stats,
         }
         if self.profile_ is not None and "time/train_s" in stats:
@@ -207,7 +278,7 @@ class EmbodiedWorkflow(Workflow):
 
     def drain(self, lr: float) -> None:
         if self.pending:
-            self._train_call(lr).result()
+            self._wait_trainer(self._train_call(lr))
             self.pending = False
 
     def _train_call(self, lr: float) -> GroupFuture:
@@ -227,10 +298,12 @@ class EmbodiedWorkflow(Workflow):
 
     # --- state -------------------------------------------------------------------------------------
     def trainer_state(self) -> dict[str, Any]:
-        return self.trainer.call("state").result()
+        return self._wait_trainer(self.trainer.call("state"))[0]  # rank 0's: whole tensors
 
     def load_trainer_state(self, state: dict[str, Any]) -> None:
-        self.trainer.call("load_state", state["model"], state.get("optimizer"), state["version"], state.get("generator")).wait()
+        """Every trainer rank continues from the same state, whatever number of ranks wrote it."""
+        self._wait_trainer(self.trainer.call("load_state", state["model"], state.get("optimizer"), state["version"],
+                                             state.get("generator")))
 
     def check_checkpoint(self, checkpoint: Path, *spaces: Any) -> None:
         policy = build_policy(self.cfg.policy, *spaces)
@@ -238,7 +311,7 @@ class EmbodiedWorkflow(Workflow):
 
     def evaluate(self, video_dir: Path | None) -> dict[str, Any]:
         """Evaluate the trainer's current weights in this process."""
-        payload = self.trainer.call("export_weights").result()
+        payload = self._wait_trainer(self.trainer.call("export_weights"))[0]
         return evaluate_weights(self.cfg, self.obs_space, self.action_space, state_of(payload), video_dir)
 
 

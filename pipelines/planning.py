@@ -1,11 +1,14 @@
 """M2Flow for the embodied workflow: profile the real components, plan, and lay the plan onto workers.
 
+    machine = machine_of(cfg, cluster)            # this machine's cores; every node's cores and GPUs
     profile = profile_embodied(cfg, cluster)     # measured, cached per env, policy and hardware
-    result = plan_embodied(cfg, profile)          # scheduler.plan: ranked candidates
-    layout = Layout.of(result.best, resources)    # cores per worker, chunks, offloads
+    result = plan_embodied(cfg, profile, machine.resources)   # scheduler.plan: ranked candidates
+    layout = Layout.of(result.best, machine, ranks)          # each rank's node, cores, GPUs; chunks, offloads
 
 On CPU every core is a device: a component placed on cores {0} runs pinned there (``sched_setaffinity``,
-inherited by its env processes) with as many torch threads as cores. Probes measure what the
+inherited by its env processes) with as many torch threads as cores. With ``workers.trainer=N`` the
+trainer's probe is one rank's share of the update plus an all-reduce of its gradients at the
+measured cost of a message, and the plan gives each rank whole cores (or one GPU) of its own. Probes measure what the
 workers run: a chunk's ``VecEnv.step`` at several chunk sizes and process counts (with the policy's
 inference between steps, as in the pipeline), the policy's
 inference at several batch sizes and thread counts, the trainer's update (the configured algorithm) per
@@ -31,8 +34,10 @@ from envs.multiprocess import MultiprocessVecEnv
 from envs.registry import make_vec_env
 from embodied.algorithms import build_algorithm, build_optimizer
 from embodied.rl import TrajectoryBatch, is_text
-from pipelines.collect import to_torch, with_instructions
+from embodied.runtime.distributed import SINGLE, DataParallel
+from pipelines.collect import resolve_device, to_torch, with_instructions
 from pipelines.config import EmbodiedConfig
+from pipelines.layout import Machine, NodeSpec
 from pipelines.workflow import Layout, cpu_resources
 from policies.registry import build_policy
 from scheduler import ComponentProfile, PlanResult, Profile, Resources, Workflow, plan
@@ -54,7 +59,35 @@ def workflow_of(cfg: EmbodiedConfig) -> Workflow:
         train_epochs=cfg.algo.epochs,
         train_minibatch=max(1, samples // cfg.algo.num_minibatches),
         train_overlap=cfg.algo.staleness > 0,
+        ranks={"env": cfg.workers.env, "rollout": cfg.workers.rollout, "trainer": cfg.workers.trainer},
     )
+
+
+def machine_of(cfg: EmbodiedConfig, cluster: Cluster) -> Machine:
+    """The devices a run plans on: this machine's CPU cores; on a cluster of several nodes (or
+    with a worker on CUDA) every node's cores and GPUs, each device tagged with its node."""
+    nodes = cluster.nodes()
+    cuda = any(resolve_device(d).type == "cuda" for d in (cfg.workers.rollout_device, cfg.workers.trainer_device))
+    if len(nodes) <= 1 and not cuda:
+        return Machine.local_cpus(cfg.cluster.num_cpus)
+    gpu_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 80.0
+    local = Machine.local_cpus(cfg.cluster.num_cpus)
+    cpu_gib = local.resources.devices[0].memory_gib
+    specs = []
+    for i, node in enumerate(nodes):
+        cpus = int(node.cpus) if len(nodes) > 1 else len(local.resources)
+        specs.append(NodeSpec(node.node_id if len(nodes) > 1 else None, f"node{i}", cpus,
+                              int(node.gpus) if cuda else 0, cpu_gib, gpu_gib))
+    return Machine.of_nodes([n for n in specs if n.cpus or n.gpus])
+
+
+def trainer_micro_batch(configured: int | None, planned: int | None, ranks: int) -> int | None:
+    """Samples per forward/backward pass of one trainer rank: ``algo.micro_batch_size`` when set,
+    else the plan's ``train_microbatch`` (samples per call over all ranks) divided over the ranks,
+    else None (whole blocks)."""
+    if configured is not None:
+        return configured
+    return None if planned is None else max(1, math.ceil(planned / ranks))
 
 
 def _setup_key(cfg: EmbodiedConfig, backend: str) -> dict[str, Any]:
@@ -66,7 +99,9 @@ def _setup_key(cfg: EmbodiedConfig, backend: str) -> dict[str, Any]:
         "policy": to_dict(cfg.policy),
         "minibatch": workflow_of(cfg).train_minibatch,
         "backend": backend,
-        "version": 6,  # 6: the trainer component is named "trainer" (was "actor")
+        "trainer": {"ranks": cfg.workers.trainer, "device": cfg.workers.trainer_device},
+        "rollout_device": cfg.workers.rollout_device,
+        "version": 7,  # 7: trainer ranks and devices; 6: the trainer component is named "trainer"
     }
 
 
@@ -235,7 +270,11 @@ def _probe_env_in_a_worker(cfg: EmbodiedConfig, cluster: Cluster, cores: int, lo
 
 
 def _probe_rollout(cfg: EmbodiedConfig, policy, obs, cores: int, log) -> Probe:
+    """The policy's inference at the chunk sizes on 1 and all cores, on the rollout's device
+    (results back on the host, as the rollout sends them)."""
     probe = Probe("rollout")
+    device = resolve_device(cfg.workers.rollout_device)
+    policy = policy.to(device)
     before = torch.get_num_threads()
     try:
         for threads in sorted({1, cores}):
@@ -245,8 +284,8 @@ def _probe_rollout(cfg: EmbodiedConfig, policy, obs, cores: int, log) -> Probe:
 
                 @torch.no_grad()
                 def infer() -> None:
-                    out = policy.act(to_torch(batch, torch.device("cpu")))
-                    out.actions.numpy(), out.logprobs.numpy(), out.values.numpy()
+                    out = policy.act(to_torch(batch, device))
+                    out.actions.cpu().numpy(), out.logprobs.cpu().numpy(), out.values.cpu().numpy()
 
                 seconds = time_call(infer, warmup=2, repeats=5)
                 probe.add(b, threads, seconds)
@@ -261,30 +300,64 @@ def _probe_rollout(cfg: EmbodiedConfig, policy, obs, cores: int, log) -> Probe:
 TRAINER_PROBE_MINIBATCHES = 4
 
 
-def _probe_trainer(cfg: EmbodiedConfig, policy, obs, action_space, cores: int, log) -> tuple[Probe, float, float]:
+class ShardProbe(DataParallel):
+    """Rank 0 of ``world_size`` data-parallel ranks, alone: its share of every minibatch and of
+    the scoring, no communication (what one rank computes, for profiling)."""
+
+    strategy = "probe"
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+
+    def gather(self, local: torch.Tensor, n: int) -> torch.Tensor:
+        return torch.cat([local] * self.world_size)[:n] if len(local) else local.new_zeros((n, *local.shape[1:]))
+
+
+def allreduce_s(grad_mib: float, ranks: int, latency_s: float, s_per_mib: float) -> float:
+    """Seconds of one ring all-reduce of ``grad_mib`` MiB over ``ranks`` ranks: ``2 (N - 1)``
+    messages of ``grad_mib / N`` MiB each, at the measured cost of one message."""
+    if ranks <= 1:
+        return 0.0
+    return 2 * (ranks - 1) * (latency_s + grad_mib / ranks * s_per_mib)
+
+
+def _probe_trainer(cfg: EmbodiedConfig, policy, obs, action_space, cores: int, log,
+                   message: tuple[float, float] = (0.0, 0.0)) -> tuple[Probe, float, float]:
     """Time the trainer's own update (the algorithm's ``update``: advantages, minibatch gathers,
     loss, backward, gradient clipping, optimizer step, stats) on a synthetic batch of
-    TRAINER_PROBE_MINIBATCHES minibatches of the configured size (and half of it), per minibatch;
-    one offload/onload."""
+    TRAINER_PROBE_MINIBATCHES minibatches of the configured size (and half of it), per minibatch,
+    on the trainer's device; one offload/onload.
+
+    With ``workers.trainer=N`` ranks the probe is one rank's share of that work (its block of each
+    minibatch, on 1 and ``cores / N`` threads) plus one all-reduce of the gradients per minibatch
+    at the measured cost of a ``message`` ``(latency_s, s_per_mib)``; a sample ``(batch, devices,
+    seconds)`` then counts the devices of all ranks."""
     probe = Probe("trainer")
+    device = resolve_device(cfg.workers.trainer_device)
+    policy = policy.to(device)
     optimizer = build_optimizer(policy.parameters(), cfg.algo)
+    ranks = cfg.workers.trainer
     mb = workflow_of(cfg).train_minibatch
     m = TRAINER_PROBE_MINIBATCHES
     algorithm = build_algorithm(dataclasses.replace(cfg.algo, epochs=1, num_minibatches=m, target_kl=None))
     reference = policy if algorithm.needs_reference else None
+    parallel = ShardProbe(ranks) if ranks > 1 else SINGLE
+    grad_mib = sum(p.numel() * p.element_size() for p in policy.parameters() if p.requires_grad) / MIB
+    combine_s = allreduce_s(grad_mib, ranks, *message)
     before = torch.get_num_threads()
     try:
-        for b in sorted({mb, max(1, mb // 2)}):
+        for b in sorted({mb, max(ranks, mb // 2)}):
             batch = synthetic_batch(policy, obs, b, m, cfg.algo.group_size, algorithm.needs_critic)
-            for threads in sorted({1, cores}):
+            for threads in sorted({1, max(1, cores // ranks)}):
                 torch.set_num_threads(threads)
 
                 def update() -> None:
-                    algorithm.update(policy, optimizer, batch, cfg.algo.lr, reference=reference)
+                    algorithm.update(policy, optimizer, batch, cfg.algo.lr, reference=reference, device=device,
+                                     parallel=parallel)
 
-                seconds = time_call(update, warmup=1, repeats=3) / m
-                probe.add(b, threads, seconds)
-                log(f"  trainer batch {b:>4} on {threads} core(s): {seconds * 1e3:8.2f} ms/minibatch")
+                seconds = time_call(update, warmup=1, repeats=3) / m + combine_s
+                probe.add(b, threads * ranks, seconds)
+                log(f"  trainer batch {b:>4} on {threads * ranks} core(s) ({ranks} rank(s)): {seconds * 1e3:8.2f} ms/minibatch")
     finally:
         torch.set_num_threads(before)
     offloader = Offloader(policy, optimizer)
@@ -300,7 +373,7 @@ def synthetic_batch(policy, obs: dict[str, np.ndarray], envs: int, steps: int, g
     have outcomes and every decision enters its loss)."""
     tiled = _tile(obs, envs)
     with torch.no_grad():
-        out = policy.act(to_torch(tiled, torch.device("cpu")))
+        out = policy.act(to_torch(tiled, next(policy.parameters()).device))
     rng = np.random.default_rng(0)
 
     def repeat(x: Any) -> np.ndarray:
@@ -390,10 +463,12 @@ def profile_embodied(cfg: EmbodiedConfig, cluster: Cluster, force: bool = False,
     else:
         env_probe, obs, obs_space, action_space, policy = probe_env(cfg, cores, log)
     rollout_probe = _probe_rollout(cfg, policy, obs, cores, log)
-    trainer_policy = build_policy(cfg.policy, obs_space, action_space)
-    trainer_probe, offload_s, onload_s = _probe_trainer(cfg, trainer_policy, obs, action_space, cores, log)
+    policy = policy.cpu()
     obs_mib = _obs_mib_per_env(obs)
     latency_s, s_per_mib = probe_transfer(cluster, obs_mib * cfg.env.num_envs, log)
+    trainer_policy = build_policy(cfg.policy, obs_space, action_space)
+    trainer_probe, offload_s, onload_s = _probe_trainer(cfg, trainer_policy, obs, action_space, cores, log,
+                                                        message=(latency_s, s_per_mib))
     weights_mib = sum(p.numel() * p.element_size() for p in policy.state_dict().values()) / MIB
     action_mib = float(np.prod(action_space.shape or (1,))) * 4 * cfg.policy.action_chunk / MIB
     profile = Profile(
@@ -428,21 +503,39 @@ more chunks mean more messages, and a prediction within noise does not pay for t
 MODE_RANK = {"colocated": 0, "disaggregated": 1, "hybrid": 2}
 
 
-def plan_embodied(cfg: EmbodiedConfig, profile: Profile) -> PlanResult:
-    """Plan ``cfg``'s workflow on this machine; ``plan.mode`` / ``plan.chunks`` restrict the search.
+def plan_embodied(cfg: EmbodiedConfig, profile: Profile, resources: Resources | None = None) -> PlanResult:
+    """Plan ``cfg``'s workflow on ``resources`` (default: this machine's cores); ``plan.mode`` /
+    ``plan.chunks`` restrict the search. Where there are GPUs, each component may only use the
+    kind of device it runs on (:func:`with_device_kinds`).
 
     Among the candidates predicted within SIMPLICITY_MARGIN of the fastest, the one with the fewest
     chunks and the simplest mode becomes ``best``; the ranked table is kept as the search made it.
     """
+    resources = resources or resources_of(cfg)
+    if any(d.kind == "gpu" for d in resources.devices):
+        profile = with_device_kinds(cfg, profile)
     result = plan(
         workflow_of(cfg),
         profile,
-        resources_of(cfg),
+        resources,
         max_chunks=min(cfg.plan.max_chunks, cfg.env.num_envs),
         force_mode=None if cfg.plan.mode == "auto" else cfg.plan.mode,
         force_chunks=cfg.plan.chunks,
     )
     return prefer_simple(result)
+
+
+def with_device_kinds(cfg: EmbodiedConfig, profile: Profile) -> Profile:
+    """``profile`` with each component bound to the kind of device it runs on: the rollout and
+    the trainer to their configured devices, the env to CPU cores (a batched simulator: any)."""
+    kinds = {
+        "env": None if cfg.env.backend == "batched" else "cpu",
+        "rollout": "gpu" if resolve_device(cfg.workers.rollout_device).type == "cuda" else "cpu",
+        "trainer": "gpu" if resolve_device(cfg.workers.trainer_device).type == "cuda" else "cpu",
+    }
+    components = {name: dataclasses.replace(c, device_kind=kinds.get(name, c.device_kind))
+                  for name, c in profile.components.items()}
+    return dataclasses.replace(profile, components=components)
 
 
 def prefer_simple(result: PlanResult, margin: float = SIMPLICITY_MARGIN) -> PlanResult:
@@ -458,11 +551,12 @@ def measured_factors(profile: Profile, layout: Layout, cfg: EmbodiedConfig, metr
     T, k = cfg.algo.rollout_steps, layout.num_chunks
     workflow = workflow_of(cfg)
     chunk = math.ceil(workflow.num_envs / k)
-    env_pred = profile["env"].cost.time_s(math.ceil(cfg.env.num_envs / k), len(layout.cores_of("env"))) * T * k
-    roll_pred = profile["rollout"].cost.time_s(chunk, len(layout.cores_of("rollout"))) * (T + 1) * k
+    devices = {name: len(placed) for name, placed in layout.plan.placement.items()}
+    env_pred = profile["env"].cost.time_s(math.ceil(cfg.env.num_envs / k), devices["env"]) * T * k
+    roll_pred = profile["rollout"].cost.time_s(chunk, devices["rollout"]) * (T + 1) * k
     mb = layout.plan.train_microbatch or workflow.train_minibatch
     calls = cfg.algo.epochs * math.ceil(workflow.num_envs * T / mb)
-    trainer_pred = profile["trainer"].cost.time_s(mb, len(layout.cores_of("trainer"))) * calls
+    trainer_pred = profile["trainer"].cost.time_s(mb, devices["trainer"]) * calls
     measured = {"env": metrics["time/sim_s"], "rollout": metrics["time/infer_s"], "trainer": metrics["time/train_s"]}
     predicted = {"env": env_pred, "rollout": roll_pred, "trainer": trainer_pred}
     return {name: measured[name] / predicted[name] for name in measured if predicted[name] > 0 and measured[name] > 0}

@@ -72,7 +72,7 @@ class Replanner:
         factors = self.workflow.measured_factors(profile, layout, typical)
         rescaled = rescale(profile, factors)
         result = self.workflow.plan(rescaled)
-        new_layout = Layout.of(result.best, self.workflow.resources())
+        new_layout = self.workflow.layout_of(result.best)
         old = layout.plan
         changes = ", ".join(f"{name} {f:.2f}x" for name, f in factors.items())
         reason = (f"iterations {first}-{iteration} took {ratio:.2f}x the predicted {old.predicted_iteration_s:.3f} s "

@@ -66,9 +66,10 @@ class Runner:
         if not cfg.plan.profile:
             self.layout = self.workflow.unplanned_layout()
             return None
+        self.workflow.machine(cluster)  # the devices the plan is made for (every node's, on a cluster)
         self.profile = self.workflow.profile(cluster, force=cfg.plan.reprofile, log=LOG.debug)
         result = self.workflow.plan(self.profile)
-        self.layout = Layout.of(result.best, self.workflow.resources())
+        self.layout = self.workflow.layout_of(result.best)
         LOG.debug("[m2flow] candidate plans (predicted seconds per iteration):\n" + result.format_table(limit=8))
         bound = f"; no plan below {result.bound.iteration_s:.3f} s" if result.bound is not None else ""
         LOG.info(f"[m2flow] chosen: {result.best.mode}, {result.best.num_chunks} chunk(s), "
@@ -247,7 +248,8 @@ class Runner:
         """Write the plan being executed (and the candidates it beat) to ``plan.json``."""
         if self.run_dir is None or self.layout is None:
             return
-        data: dict[str, Any] = {"plan": self.layout.plan.to_dict(), "planned": self.profile is not None}
+        data: dict[str, Any] = {"plan": self.layout.plan.to_dict(), "planned": self.profile is not None,
+                                "layout": self.layout.to_dict(), "workers": self.workflow.locations()}
         if result is not None:
             data["candidates"] = [
                 {"mode": m, "chunks": k, "placement": p, "predicted_s": t, "mean_utilization": u} for m, k, p, t, u in result.table()

@@ -10,9 +10,10 @@ planner's simulation of a timeline is based:
 * RolloutWorker: records each of its chunks with a :class:`TrajectoryRecorder` (acts on the first
   T observations, completes each decision with the env's output) and sends the chunk's
   :class:`TrajectoryBatch` (facts only) to the trainer.
-* TrainerWorker: the algorithm (``algo.name``) derives advantages and updates the policy; its
-  weights, with a version number, go to every rollout rank through the :class:`WeightSyncer`
-  before the next iteration. A rollout tags its batch with the version it used; the trainer
+* TrainerWorker (``workers.trainer`` data-parallel ranks; the rollout sends every rank the whole
+  batch on key ``rank``): the algorithm (``algo.name``) derives advantages and updates the
+  policy; rank 0's weights, with a version number, go to every rollout rank through the
+  :class:`WeightSyncer` before the next iteration. A rollout tags its batch with the version it used; the trainer
   refuses stale ones.
 """
 
@@ -29,11 +30,20 @@ import numpy as np
 import torch
 
 from embodied.algorithms import build_algorithm, build_optimizer
-from embodied.errors import EnvError
+from embodied.errors import EnvError, UserError
 from embodied.offload import Offloader
 from embodied.rl import TrajectoryBatch
 from embodied.runtime import Channel, Worker
-from embodied.runtime.weights import WeightPayload, WeightSyncer
+from embodied.runtime.distributed import (
+    BACKENDS,
+    SINGLE,
+    DataParallel,
+    Rendezvous,
+    build_parallel,
+    join_process_group,
+    node_address,
+)
+from embodied.runtime.weights import WeightPayload, WeightSyncer, export_tensors
 from embodied.seeding import RngStream, seed_everything
 from envs.base import to_numpy
 from envs.nonfinite import NONFINITE_INFO_KEY
@@ -68,6 +78,15 @@ class Pinning:
         torch.set_num_threads(max(1, self.threads))
 
 
+Pinnings = Pinning | tuple[Pinning, ...]
+"""One pinning for every rank of a group, or one per rank (a layout's ranks own different cores)."""
+
+
+def own(pinning: Pinnings, rank: int) -> Pinning:
+    """The pinning of ``rank`` among ``pinning``."""
+    return pinning[rank] if isinstance(pinning, tuple) else pinning
+
+
 def group_seeds(cfg: EmbodiedConfig, first_env: int, count: int, iteration: int) -> tuple[list[int], np.ndarray]:
     """Reset seeds and group ids of envs ``first_env .. first_env + count - 1`` (global indices over
     all env workers) for a grouped iteration: the envs of a group (``algo.group_size`` consecutive
@@ -82,16 +101,17 @@ def group_seeds(cfg: EmbodiedConfig, first_env: int, count: int, iteration: int)
 class EnvWorker(Worker):
     """Steps ``env.num_envs`` envs split into ``num_chunks`` independently stepped chunks."""
 
-    def __init__(self, cfg: EmbodiedConfig, num_chunks: int, pinning: Pinning | None = None, grouped: bool = False) -> None:
+    def __init__(self, cfg: EmbodiedConfig, num_chunks: int, pinning: Pinnings | None = None, grouped: bool = False) -> None:
         self.cfg = cfg
         self.grouped = grouped
         self.envs: list[Any] = []
         self.configure(num_chunks, pinning or Pinning(None, cfg.workers.rollout_threads))
 
-    def configure(self, num_chunks: int, pinning: Pinning) -> None:
+    def configure(self, num_chunks: int, pinning: Pinnings) -> None:
         """(Re)build the chunks' envs for a plan: ``num_chunks`` chunks, each stepping its envs in
         ``len(pinning.cores)`` processes pinned to those cores. Episodes restart."""
         self.close()
+        pinning = own(pinning, self.rank)
         pinning.apply()
         cfg = self.cfg
         self.num_chunks = num_chunks
@@ -178,11 +198,12 @@ class RolloutWorker(Worker):
 
     def __init__(
         self, cfg: EmbodiedConfig, observation_space: Any, action_space: Any, num_chunks: int,
-        pinning: Pinning | None = None, record_values: bool = True, episodic: bool = False,
+        pinning: Pinnings | None = None, record_values: bool = True, episodic: bool = False, offload: bool = False,
     ) -> None:
         """``record_values``: record the critic's values (critic-based algorithms). ``episodic``:
         each iteration needs one episode per env (GRPO): a chunk stops stepping once every env's
-        first episode has ended, and its batch is padded with invalid decisions."""
+        first episode has ended, and its batch is padded with invalid decisions. ``offload``: see
+        :meth:`configure`."""
         self.cfg = cfg
         self.episodic = episodic
         self.device = resolve_device(cfg.workers.rollout_device)
@@ -191,17 +212,26 @@ class RolloutWorker(Worker):
         self.version = -1
         self.rng = RngStream(cfg.seed + 7919 * (self.rank + 1), self.device)
         self.record_values, self.action_space = record_values, action_space
-        self.configure(num_chunks, pinning or Pinning(None, cfg.workers.rollout_threads))
+        self.offloader = Offloader(self.policy)
+        self.onload_s = 0.0
+        self.configure(num_chunks, pinning or Pinning(None, cfg.workers.rollout_threads), offload)
 
-    def configure(self, num_chunks: int, pinning: Pinning) -> None:
-        """Serve the keys of ``num_chunks`` chunks per env worker, pinned as ``pinning`` says."""
-        pinning.apply()
+    def configure(self, num_chunks: int, pinning: Pinnings, offload: bool = False) -> None:
+        """Serve the keys of ``num_chunks`` chunks per env worker, pinned as ``pinning`` says.
+        With ``offload`` (a plan that colocates the rollout with the trainer) the policy's weights
+        leave the device after each collection and come back with the next weights."""
+        own(pinning, self.rank).apply()
+        self.offload_between_phases = offload
+        if not offload and self.offloader.is_offloaded:
+            self.offloader.onload()
         total_keys = self.cfg.workers.env * num_chunks
         self.keys = [k for k in range(total_keys) if k % self.world_size == self.rank]
         self.recorders = {k: TrajectoryRecorder(self.policy, self.device, self.record_values, self.action_space, self.rng)
                           for k in self.keys}
 
     def load_weights(self, payload: WeightPayload) -> int:
+        if self.offloader.is_offloaded:  # the rollout's phase begins
+            self.onload_s = self.offloader.onload().seconds
         self.version = self.syncer.load(self.policy, payload)
         return self.version
 
@@ -230,16 +260,28 @@ class RolloutWorker(Worker):
         t0 = time.perf_counter()
         batch = TrajectoryBatch.concat([recorders[k].finish(self.version, num_steps) for k in self.keys])
         infer_s += time.perf_counter() - t0
-        traj_channel.put(0, batch)
-        return {"infer_s": infer_s, "version": self.version}
+        for trainer_rank in range(traj_channel.num_ranks):  # every data-parallel trainer rank trains on all of it
+            traj_channel.put(trainer_rank, batch)
+        out = {"infer_s": infer_s, "version": self.version}
+        if self.offload_between_phases:  # the rollout's phase ends: its weights leave the device
+            out.update(onload_s=self.onload_s, offload_s=self.offloader.offload().seconds)
+        return out
 
 
 class TrainerWorker(Worker):
-    """Holds the trainable policy, its optimizer and the algorithm; trains on collected batches."""
+    """Holds the trainable policy, its optimizer and the algorithm; trains on collected batches.
+
+    ``workers.trainer=N`` ranks are data parallel (:mod:`embodied.runtime.distributed`): after
+    :meth:`rendezvous` on rank 0 and :meth:`join` on every rank they form a process group; each
+    receives the whole batch, derives the same samples and shuffles, and trains on its block of
+    every minibatch, gradients summed over ranks. Rank 0 speaks for the group: its weights go to
+    the rollouts, its state into checkpoints (whole tensors, gathered under FSDP), so a run
+    resumes onto any number of ranks.
+    """
 
     def __init__(
-        self, cfg: EmbodiedConfig, observation_space: Any, action_space: Any, pinning: Pinning | None = None,
-        offload: bool = False,
+        self, cfg: EmbodiedConfig, observation_space: Any, action_space: Any, pinning: Pinnings | None = None,
+        offload: bool = False, micro_batch_size: int | None = None,
     ) -> None:
         seed_everything(cfg.seed)
         self.cfg = cfg
@@ -253,51 +295,100 @@ class TrainerWorker(Worker):
                             "one; use algo.name=grpo or a policy with a value head.")
         self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False) if self.algorithm.needs_reference else None
         self.optimizer = build_optimizer(self.policy.parameters(), cfg.algo)
-        self.generator = torch.Generator().manual_seed(cfg.seed + 1)  # minibatch shuffles
+        self.generator = torch.Generator().manual_seed(cfg.seed + 1)  # minibatch shuffles (alike on every rank)
         self.syncer = WeightSyncer()
         self.version = 0
+        self.parallel: DataParallel = SINGLE
+        self.rendezvous_: Rendezvous | None = None
         self.offloader = Offloader(self.policy, self.optimizer)
-        self.configure(pinning or Pinning(None, cfg.workers.trainer_threads), offload)
+        self.configure(pinning or Pinning(None, cfg.workers.trainer_threads), offload, micro_batch_size)
 
-    def configure(self, pinning: Pinning, offload: bool) -> None:
+    # --- the process group of the ranks ------------------------------------------------------------
+    def rendezvous(self) -> tuple[str, int]:
+        """(Rank 0) Open the store the ranks meet at; its ``(host, port)`` for :meth:`join`."""
+        self.rendezvous_ = Rendezvous(node_address(), self.world_size, self.cfg.cluster.timeout_s)
+        return self.rendezvous_.address
+
+    def join(self, host: str, port: int) -> str:
+        """Join the ranks' process group at ``host:port`` (every rank at once; gloo on CPU, NCCL on
+        CUDA; every collective bounded by ``cluster.timeout_s``) and share the model as
+        ``workers.trainer_strategy`` says. Returns the strategy's description."""
+        join_process_group(host, port, self.rank, self.world_size, BACKENDS[self.device.type], self.cfg.cluster.timeout_s)
+        self._check_offload(self.cfg.workers.trainer_strategy, self.offload_between_phases)
+        self.parallel = build_parallel(self.cfg.workers.trainer_strategy, self.policy, self.device)
+        if self.parallel.shards_optimizer():  # FSDP replaced the parameters: a new optimizer over the shards
+            self.optimizer = build_optimizer(self.policy.parameters(), self.cfg.algo)
+            self.offloader = Offloader(self.policy, self.optimizer)
+        return self.parallel.describe()
+
+    @staticmethod
+    def _check_offload(strategy: str, offload: bool) -> None:
+        if offload and strategy == "fsdp":
+            raise UserError("workers.trainer_strategy=fsdp keeps the trainer's shards on its devices: offloading them "
+                            "between phases is not supported. Drop trainer from plan.offload, or use "
+                            "workers.trainer_strategy=ddp.")
+
+    def configure(self, pinning: Pinnings, offload: bool, micro_batch_size: int | None = None) -> None:
         """Pin the trainer; with ``offload`` its weights, gradients and optimizer state leave the
-        device between training phases (context switching for colocated plans)."""
-        pinning.apply()
+        device between training phases (context switching for colocated plans). Each forward and
+        backward pass takes at most ``micro_batch_size`` samples of this rank (``algo.micro_batch_size``
+        when set, else the plan's ``train_microbatch`` over the ranks; None: whole blocks)."""
+        own(pinning, self.rank).apply()
+        self.algorithm = build_algorithm(dataclasses.replace(self.cfg.algo, micro_batch_size=micro_batch_size))
+        self._check_offload(self.parallel.strategy, offload)
         self.offload_between_phases = offload
         if offload and not self.offloader.is_offloaded:
             self.offloader.offload()
         elif not offload and self.offloader.is_offloaded:
             self.offloader.onload()
 
-    def export_weights(self) -> WeightPayload:
-        """The weights the rollout needs (trainable ones only when the rest is frozen), versioned."""
-        return self.syncer.export(self.policy, self.version)
+    # --- weights and state -------------------------------------------------------------------------
+    def export_weights(self) -> WeightPayload | None:
+        """The weights the rollout needs (trainable ones only when the rest is frozen), versioned:
+        rank 0's (the ranks hold the same weights); None on the other ranks. Every rank takes
+        part (FSDP gathers the shards)."""
+        if self.parallel.strategy != "fsdp":
+            return self.syncer.export(self.policy, self.version) if self.rank == 0 else None
+        names = set(self.syncer.tensors(self.policy))
+        tensors = self.parallel.full_state(self.policy, names)
+        if tensors is None:
+            return None
+        return export_tensors(tensors, self.version, trainable_only=len(names) < len(self.policy.state_dict()))
 
-    def state(self) -> dict[str, Any]:
-        """Everything a checkpoint needs: the tensors that training changes, optimizer, version,
-        and the shuffle generator's state."""
+    def state(self) -> dict[str, Any] | None:
+        """Everything a checkpoint needs (rank 0; None on the others, which take part under FSDP):
+        the whole tensors that training changes, the optimizer state, version, and the shuffle
+        generator's state; the same whatever the number of ranks."""
+        names = set(self.syncer.tensors(self.policy))
+        model = self.parallel.full_state(self.policy, names)
+        optimizer = self.parallel.optimizer_state(self.policy, self.optimizer)
+        if self.rank != 0:
+            return None
+        assert model is not None
         return {
-            "model": {k: v.detach().cpu() for k, v in self.syncer.tensors(self.policy).items()},
-            "optimizer": self.optimizer.state_dict(),
+            "model": {k: v.detach().cpu() for k, v in model.items()},
+            "optimizer": optimizer,
             "version": self.version,
             "generator": self.generator.get_state(),
         }
 
     def load_state(self, model: dict[str, torch.Tensor], optimizer: dict[str, Any] | None, version: int,
                    generator: torch.Tensor | None = None) -> None:
-        missing, unexpected = self.policy.load_state_dict(model, strict=False)
+        """Continue from a checkpoint (every rank loads the same whole state)."""
+        missing, unexpected = self.parallel.load(self.policy, self.optimizer, model, optimizer)
         trainable = set(self.syncer.tensors(self.policy))
         if unexpected or trainable & set(missing):
             raise ValueError(f"checkpoint does not fit the policy: missing {sorted(trainable & set(missing))}, "
                              f"unexpected {sorted(unexpected)}")
-        if optimizer is not None:
-            self.optimizer.load_state_dict(optimizer)
         if generator is not None:
             self.generator.set_state(generator)
         self.version = version
 
+    # --- training ----------------------------------------------------------------------------------
     def train(self, traj_channel: Channel, num_batches: int, lr: float) -> dict[str, float]:
-        batches: list[TrajectoryBatch] = traj_channel.get_batch(0, num_batches)
+        """Train on the ``num_batches`` batches of one collection (every rank receives all of them,
+        on its own key of ``traj_channel``)."""
+        batches: list[TrajectoryBatch] = traj_channel.get_batch(self.rank, num_batches)
         versions = sorted({b.version for b in batches})
         lag = self.version - versions[0]
         if len(versions) > 1 or not 0 <= lag <= self.cfg.algo.staleness:
@@ -306,18 +397,25 @@ class TrainerWorker(Worker):
                 f"version {self.version} and algo.staleness={self.cfg.algo.staleness}; weight sync did not "
                 "reach every rollout rank"
             )
+        stats = self.update(TrajectoryBatch.concat(batches), lr)
+        stats["weights/lag"] = float(lag)
+        return stats
+
+    def update(self, batch: TrajectoryBatch, lr: float) -> dict[str, float]:
+        """One update of the algorithm on ``batch`` (on every rank at once), with the onload
+        before and the offload after it when the trainer context-switches."""
         t0 = time.perf_counter()
         switch: dict[str, float] = {}
         if self.offloader.is_offloaded:
             moved = self.offloader.onload()
             switch = {"offload/onload_s": moved.seconds, "offload/bytes": float(moved.bytes_moved)}
         self.policy.train()
-        stats = self.algorithm.update(self.policy, self.optimizer, TrajectoryBatch.concat(batches), lr,
-                                      generator=self.generator, reference=self.reference, device=self.device)
+        stats = self.algorithm.update(self.policy, self.optimizer, batch, lr, generator=self.generator,
+                                      reference=self.reference, device=self.device, parallel=self.parallel)
         self.version += 1
         if self.offload_between_phases:
+            self.parallel.release()  # DDP's gradient buckets leave the device too
             switch["offload/offload_s"] = self.offloader.offload().seconds
         stats.update(switch)
         stats["time/train_s"] = time.perf_counter() - t0
-        stats["weights/lag"] = float(lag)
         return stats

@@ -13,8 +13,6 @@ run loop.
 
 from __future__ import annotations
 
-import math
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,49 +22,16 @@ from typing import Any
 from embodied.progress import EPISODE_METRICS
 from embodied.registry import Registry
 from embodied.runtime import Cluster
+from pipelines.layout import Layout, Machine
 from scheduler import Plan, PlanResult, Profile, Resources
 from scheduler import Workflow as PlannerWorkflow
 
-GIB = 2**30
-
-
-@dataclass(frozen=True)
-class Layout:
-    """A plan as the runtime executes it: the CPU cores of each component, its chunks, offloads."""
-
-    plan: Plan
-    cores: dict[str, tuple[int, ...]]
-
-    @property
-    def num_chunks(self) -> int:
-        return self.plan.num_chunks
-
-    def cores_of(self, component: str) -> tuple[int, ...]:
-        return self.cores[component]
-
-    @classmethod
-    def of(cls, plan: Plan, resources: Resources) -> Layout:
-        """The cores of every component of ``plan`` (on CPU every core is a device)."""
-        cores = {}
-        for name, devices in plan.placement.items():
-            if any(resources.devices[d].kind != "cpu" for d in devices):
-                raise NotImplementedError("GPU placements are laid out by the CUDA device of each worker")
-            cores[name] = tuple(sorted(devices))
-        return cls(plan, cores)
-
-    @classmethod
-    def unplanned(cls, components: tuple[str, ...], num_cores: int, chunks: int) -> Layout:
-        """No profile: every component on every core, ``chunks`` chunks."""
-        everything = tuple(range(num_cores))
-        placement = {c: everything for c in components}
-        return cls(Plan("colocated", placement, chunks, None, (), math.nan), placement)
+__all__ = ["WORKFLOWS", "Layout", "Machine", "Workflow", "WorkflowSpec", "cpu_resources", "schema_of"]
 
 
 def cpu_resources(num_cpus: int | None) -> Resources:
     """This machine as planner devices: one device per CPU core the run may use."""
-    cores = num_cpus or len(os.sched_getaffinity(0))
-    total_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
-    return Resources.cpu_cores(cores, total_gib / cores)
+    return Machine.local_cpus(num_cpus).resources
 
 
 class Workflow(ABC):
@@ -83,6 +48,7 @@ class Workflow(ABC):
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
+        self.machine_: Machine | None = None
 
     def preflight(self) -> tuple[Any, ...]:
         """Check the config's inputs (files, models, envs) before a run dir is written; raise a
@@ -107,8 +73,29 @@ class Workflow(ABC):
         """The run's budget in the same unit."""
 
     # --- planning ----------------------------------------------------------------------------------
+    def machine(self, cluster: Cluster | None = None) -> Machine:
+        """The devices this workflow is planned on (kept from the first call that had the
+        cluster): this machine's CPU cores by default."""
+        if self.machine_ is None:
+            if cluster is None:
+                return Machine.local_cpus(self.cfg.cluster.num_cpus)
+            self.machine_ = self.discover(cluster)
+        return self.machine_
+
+    def discover(self, cluster: Cluster) -> Machine:
+        """The devices of ``cluster`` this workflow can use (default: this machine's CPU cores)."""
+        return Machine.local_cpus(self.cfg.cluster.num_cpus)
+
     def resources(self) -> Resources:
-        return cpu_resources(self.cfg.cluster.num_cpus)
+        return self.machine().resources
+
+    def ranks(self) -> dict[str, int]:
+        """Ranks per component (default one each)."""
+        return {c: 1 for c in self.components}
+
+    def layout_of(self, plan: Plan) -> Layout:
+        """``plan`` laid out on this workflow's machine and ranks."""
+        return Layout.of(plan, self.machine(), self.ranks())
 
     @abstractmethod
     def planner_workflow(self) -> PlannerWorkflow:
@@ -123,7 +110,7 @@ class Workflow(ABC):
         """The planner's ranked candidates for this workflow (honouring ``plan.*`` overrides)."""
 
     def unplanned_layout(self) -> Layout:
-        return Layout.unplanned(self.components, len(self.resources()), self.cfg.plan.chunks or 1)
+        return Layout.unplanned(self.components, len(self.resources()), self.cfg.plan.chunks or 1, self.ranks())
 
     @abstractmethod
     def measured_factors(self, profile: Profile, layout: Layout, metrics: dict[str, Any]) -> dict[str, float]:
@@ -163,6 +150,11 @@ class Workflow(ABC):
     @abstractmethod
     def evaluate(self, video_dir: Path | None) -> dict[str, Any]:
         """Evaluate the trainer's current weights (``eval/*`` metrics)."""
+
+    def locations(self) -> dict[str, list[dict[str, Any]]]:
+        """Where each rank of each worker group runs (``plan.json``'s ``workers``): host, Ray
+        node id, pid. Empty before :meth:`build`."""
+        return {}
 
     def close(self) -> None:
         """Release workers (the cluster's shutdown ends them anyway)."""

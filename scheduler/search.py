@@ -90,6 +90,8 @@ def plan(
     placements_found = 0
     for mode in modes:
         for placement in PLACEMENT_MODES[mode](spec, profile, resources):
+            if not _ranks_fit(workflow, placement, resources):
+                continue
             placements_found += 1
             placement_key = tuple(sorted(placement.items()))
             for k in chunk_counts:
@@ -176,6 +178,12 @@ def _memory_options(
     return kept, problems
 
 
+def _ranks_fit(workflow: Workflow, placement: Placement, resources: Resources) -> bool:
+    """Whether every component's devices suit its ranks (see ``Workflow.ranks``)."""
+    return all(workflow.rank_devices_fit(c, len(devices), resources.devices[devices[0]].kind)
+               for c, devices in placement.items())
+
+
 def _rank_key(candidate: Plan, placement_key: tuple) -> tuple:
     return (
         round(candidate.predicted_iteration_s, _TIME_DECIMALS),
@@ -221,6 +229,11 @@ def _explain_infeasible(
     overflows: list[tuple[float, str]],
 ) -> str:
     spec = workflow.spec
+    if placements_found == 0 and workflow.ranks:
+        declared = ", ".join(f"{c} {n}" for c, n in workflow.ranks)
+        return (f"no {'/'.join(modes)} placement gives the components' ranks ({declared}) whole devices: the ranks of "
+                f"{' and '.join(spec.data_parallel)} need a multiple of their number in CPU cores or one GPU each; "
+                "others one GPU each (a GPU may hold several ranks of one component, the same number each)")
     if placements_found == 0:
         counts = ", ".join(
             f"{c}: {sum(len(k.indices) for k in eligible_classes(c, profile, resources))} eligible device(s)"

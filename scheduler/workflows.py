@@ -58,36 +58,66 @@ class Workflow:
     train_overlap: bool = False
     """embodied: the trainer trains on the previous iteration's samples while this iteration's are
     collected (one weight version of staleness). Only devices the trainer does not share can overlap."""
+    ranks: tuple[tuple[str, int], ...] = ()
+    """Worker processes (ranks) of the components that declare them, e.g. ``(("rollout", 1),
+    ("trainer", 2))``; a rank takes whole devices. The ranks of a data-parallel component (the
+    kind's trainer) each own devices: a multiple of the ranks in CPU cores, one GPU per rank.
+    Another component's ranks share its CPU cores, and its GPUs evenly, one GPU each. A
+    component's cost model is that of all its ranks together (for the trainer: a call of
+    ``batch`` samples spread over the ranks, gradient combination included). Components not
+    named here may use any devices."""
 
     def __post_init__(self) -> None:
         spec = workflow_kind(self.kind)
         if self.train_epochs < 1:
             raise ValueError(f"Workflow.train_epochs must be >= 1, got {self.train_epochs}")
+        object.__setattr__(self, "ranks", tuple(sorted((str(c), int(n)) for c, n in self.ranks)))
+        bad = [(c, n) for c, n in self.ranks if n < 1 or c not in spec.components]
+        if bad:
+            raise ValueError(f"Workflow.ranks names components of the {self.kind} workflow ({', '.join(spec.components)}) "
+                             f"with at least 1 rank each, got {bad}")
         spec.validate(self)
+
+    def ranks_of(self, component: str) -> int | None:
+        """The declared ranks of ``component`` (None: not declared)."""
+        return dict(self.ranks).get(component)
+
+    def rank_devices_fit(self, component: str, devices: int, kind: str) -> bool:
+        """Whether ``devices`` devices of ``kind`` suit the declared ranks of ``component``."""
+        ranks = self.ranks_of(component)
+        if ranks is None:
+            return True
+        if component in self.spec.data_parallel:
+            return devices == ranks if kind == "gpu" else devices % ranks == 0
+        return kind != "gpu" or ranks % devices == 0
 
     @classmethod
     def embodied(
         cls, num_envs: int, rollout_steps: int, train_epochs: int = 1, train_minibatch: int | None = None,
-        train_overlap: bool = False,
+        train_overlap: bool = False, ranks: Mapping[str, int] | None = None,
     ) -> Workflow:
         return cls("embodied", num_envs=num_envs, rollout_steps=rollout_steps, train_epochs=train_epochs,
-                   train_minibatch=train_minibatch, train_overlap=train_overlap)
+                   train_minibatch=train_minibatch, train_overlap=train_overlap, ranks=tuple((ranks or {}).items()))
 
     @classmethod
-    def reasoning(cls, num_prompts: int, group_size: int, train_epochs: int = 1) -> Workflow:
-        return cls("reasoning", num_prompts=num_prompts, group_size=group_size, train_epochs=train_epochs)
+    def reasoning(cls, num_prompts: int, group_size: int, train_epochs: int = 1,
+                  ranks: Mapping[str, int] | None = None) -> Workflow:
+        return cls("reasoning", num_prompts=num_prompts, group_size=group_size, train_epochs=train_epochs,
+                   ranks=tuple((ranks or {}).items()))
 
     @property
     def spec(self) -> WorkflowKind:
         return workflow_kind(self.kind)
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["ranks"] = dict(self.ranks)
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Workflow:
         check_keys("Workflow", data, [f.name for f in fields(cls)], required=("kind",))
-        return cls(**data)
+        return cls(**{**data, "ranks": tuple(dict(data.get("ranks") or {}).items())})
 
 
 @dataclass(frozen=True)
@@ -101,6 +131,8 @@ class WorkflowKind:
     phase_names: tuple[str, ...]
     hybrid_shared: tuple[str, ...]
     """Components that span all their eligible devices in hybrid mode (the others are disjoint)."""
+    data_parallel: tuple[str, ...]
+    """Components whose ranks each own devices (see ``Workflow.ranks``)."""
     validate: Callable[[Workflow], None]
     chunk_total: Callable[[Workflow], int]
     """How many items the chunks partition (envs or prompts): the upper bound of ``num_chunks``."""
@@ -258,6 +290,7 @@ WORKFLOW_KINDS: dict[str, WorkflowKind] = {
         phases={"env": 0, "rollout": 0, "trainer": 1},
         phase_names=("rollout", "train"),
         hybrid_shared=("trainer",),
+        data_parallel=("trainer",),
         validate=_embodied_validate,
         chunk_total=lambda w: w.num_envs,
         memory_items=_embodied_memory_items,
@@ -269,6 +302,7 @@ WORKFLOW_KINDS: dict[str, WorkflowKind] = {
         phases={"rollout": 0, "reward": 0, "trainer": 1},
         phase_names=("generate", "train"),
         hybrid_shared=("trainer",),
+        data_parallel=("trainer",),
         validate=_reasoning_validate,
         chunk_total=lambda w: w.num_prompts,
         memory_items=_reasoning_memory_items,

@@ -13,6 +13,12 @@ An algorithm (``ppo.py``, ``grpo.py``) supplies three verbs and nothing else:
 accumulation, gradient clipping, a finite-gradient check, the optimizer step and early stopping on
 the KL. The policy is anything with the contract ``evaluate(obs, actions) -> (logprobs, entropy,
 values)`` (``policies.base.Policy``); nothing here branches on the model type.
+
+Data-parallel trainer ranks (``parallel``, :mod:`embodied.runtime.distributed`) run the same loop
+on the same samples and the same shuffles: each rank forwards and backwards its block of every
+minibatch with the whole minibatch's counts, the ranks' gradients are summed, and the statistics
+of a step are summed over ranks before anything reads them (early stopping decides alike
+everywhere). N ranks take the optimizer steps of one rank, up to float summation order.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import torch
 
 from embodied.algorithms.config import AlgoConfig
 from embodied.registry import Registry
+from embodied.runtime.distributed import SINGLE, DataParallel
 from embodied.rl import (
     LossAggCounts,
     Samples,
@@ -66,6 +73,9 @@ class Algorithm(ABC):
     name: ClassVar[str]
     #: advantage estimators this algorithm can use (``algo.adv_estimator``)
     estimators: ClassVar[tuple[str, ...]]
+    #: statistics of ``loss`` that are a micro-batch's share of a minibatch total (aggregated with
+    #: the minibatch's counts): summed over micro-batches, where the others are weighted means
+    summed_stats: ClassVar[frozenset[str]] = frozenset({"losses/policy", "losses/entropy", "losses/kl_to_reference"})
 
     def __init__(self, cfg: AlgoConfig) -> None:
         if cfg.estimator not in self.estimators:
@@ -130,7 +140,8 @@ class Algorithm(ABC):
         return loss, {k: v.detach() for k, v in out.items()}
 
     # --- shared machinery --------------------------------------------------------------------------
-    def samples(self, batch: TrajectoryBatch, adv: Advantages, policy: Any, reference: Any | None) -> Samples:
+    def samples(self, batch: TrajectoryBatch, adv: Advantages, policy: Any, reference: Any | None,
+                parallel: DataParallel = SINGLE) -> Samples:
         """The decisions ``adv.mask`` selects, flat (N = selected decisions), with the algorithm's
         columns: ``advantages``, ``returns`` and ``old_values`` (critic), ``ref_logprobs`` (KL),
         ``is_weights`` (rollout importance correction; ``logprobs`` are then the trainer's own)."""
@@ -156,7 +167,7 @@ class Algorithm(ABC):
             samples.fields["returns"] = flat(adv.returns).float()
             samples.fields["old_values"] = flat(batch.values).float()
         if len(samples) and cfg.rollout_is is not None:
-            trainer_logprobs = self._score(policy, samples)
+            trainer_logprobs = self._score(policy, samples, parallel)
             weights, stats = rollout_is_weights(trainer_logprobs, samples.logprobs, samples.mask, level=cfg.rollout_is,
                                                 threshold=cfg.rollout_is_threshold, mode=cfg.rollout_is_mode)
             samples.logprobs = trainer_logprobs
@@ -165,17 +176,26 @@ class Algorithm(ABC):
         if len(samples) and self.needs_reference:
             if reference is None:
                 raise RuntimeError(f"{self.name} with algo.use_kl_loss needs a reference policy")
-            samples.fields["ref_logprobs"] = self._score(reference, samples)
+            samples.fields["ref_logprobs"] = self._score(reference, samples, parallel)
         return samples
 
-    def _score(self, policy: Any, samples: Samples) -> torch.Tensor:
+    def _score(self, policy: Any, samples: Samples, parallel: DataParallel = SINGLE) -> torch.Tensor:
         """Log-probabilities of the samples' actions under ``policy``, without gradients, in
-        micro-batches of ``algo.micro_batch_size``."""
-        index = torch.arange(len(samples), device=samples.actions.device)
+        micro-batches of ``algo.micro_batch_size``; each rank scores its block, then all ranks
+        get every block."""
+        if parallel.world_size == 1:
+            index = torch.arange(len(samples), device=samples.actions.device)
+            calls = [(i, True) for i in micro_batches(index, self.cfg.micro_batch_size)]
+        else:
+            calls = parallel.calls(len(samples), self.cfg.micro_batch_size, samples.actions.device)
+        parts = []
         with torch.no_grad():
-            parts = [policy.evaluate(samples[i].obs, samples[i].actions).logprobs.float()
-                     for i in micro_batches(index, self.cfg.micro_batch_size)]
-        return torch.cat(parts)
+            for i, real in calls:
+                logprobs = policy.evaluate(samples[i].obs, samples[i].actions).logprobs.float()
+                if real:  # a filler call (FSDP: every rank calls alike) is dropped
+                    parts.append(logprobs)
+        local = torch.cat(parts) if parts else logprobs[:0]
+        return parallel.gather(local, len(samples))
 
     def update(
         self,
@@ -186,14 +206,16 @@ class Algorithm(ABC):
         generator: torch.Generator | None = None,
         reference: Any | None = None,
         device: torch.device | str = "cpu",
+        parallel: DataParallel = SINGLE,
     ) -> dict[str, float]:
         """Train ``policy`` on one rollout's batch: ``algo.epochs`` epochs of ``algo.num_minibatches``
-        shuffled minibatches, each accumulated over micro-batches of ``algo.micro_batch_size``.
+        shuffled minibatches, each accumulated over micro-batches of ``algo.micro_batch_size``
+        (per rank: ``parallel`` splits every minibatch over its ranks, which all hold ``batch``).
         Returns the metrics of the update (``losses/*``, ``charts/*``, and the algorithm's own)."""
         cfg = self.cfg
         batch = batch.to_torch(device)
         adv = self.advantages(batch)
-        samples = self.samples(batch, adv, policy, reference)
+        samples = self.samples(batch, adv, policy, reference, parallel)
         for group in optimizer.param_groups:
             group["lr"] = lr
         out: dict[str, float] = {**adv.stats, "charts/lr": lr, "charts/samples": float(len(samples))}
@@ -201,66 +223,89 @@ class Algorithm(ABC):
             out["losses/epochs"] = 0.0
             return out
         policy.update_normalizer(samples.obs)
-        meter = _Meter()
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        meter = _Meter(self.summed_stats)
         skipped = 0
         epochs = 0
-        for _ in range(cfg.epochs):
-            epochs += 1
-            stop = False
-            for idx in samples.minibatches(cfg.num_minibatches, generator):
-                mb = self.minibatch(samples[idx])
-                counts = loss_agg_counts(mb.mask if mb.mask is not None else torch.ones(len(mb), dtype=torch.bool, device=idx.device))
-                optimizer.zero_grad(set_to_none=True)
-                local = torch.arange(len(mb), device=idx.device)
-                parts = micro_batches(local, cfg.micro_batch_size)
-                for part in parts:
-                    loss, stats = self.loss(policy, mb if len(parts) == 1 else mb[part], counts)
-                    loss.backward()
-                    meter.add(stats, weight=len(part) / len(mb))
-                grad_norm = torch.nn.utils.clip_grad_norm_(
-                    [p for g in optimizer.param_groups for p in g["params"]], cfg.max_grad_norm)
-                if not math.isfinite(float(grad_norm)):
-                    skipped += 1  # a non-finite gradient would poison the weights: skip this step
+        calls = 0
+        with parallel.training(policy) as model:
+            for _ in range(cfg.epochs):
+                epochs += 1
+                stop = False
+                for idx in samples.minibatches(cfg.num_minibatches, generator):
+                    mb = self.minibatch(samples[idx])
+                    counts = loss_agg_counts(mb.mask if mb.mask is not None else torch.ones(len(mb), dtype=torch.bool, device=idx.device))
                     optimizer.zero_grad(set_to_none=True)
-                else:
-                    optimizer.step()
-                step_stats = meter.step({"losses/grad_norm": grad_norm})
-                if cfg.target_kl is not None and should_stop_early(step_stats["losses/approx_kl"], cfg.target_kl):
-                    stop = True
+                    parts = self._calls(len(mb), parallel, idx.device)
+                    for j, (part, real) in enumerate(parts):
+                        with model.accumulate(last=j == len(parts) - 1):
+                            whole = real and len(part) == len(mb)
+                            loss, stats = model.loss(self.loss, mb if whole else mb[part], counts)
+                            (loss if real else loss * 0.0).backward()  # a filler call of FSDP weighs nothing
+                        meter.add(stats, weight=len(part) / len(mb), real=real)
+                    calls += len(parts)
+                    meter.combine(parallel.all_reduce)  # each rank's share of the step's statistics
+                    grad_norm = parallel.clip_grad_norm(params, cfg.max_grad_norm)
+                    if not math.isfinite(grad_norm):
+                        skipped += 1  # a non-finite gradient would poison the weights: skip this step
+                        optimizer.zero_grad(set_to_none=True)
+                    else:
+                        optimizer.step()
+                    step_stats = meter.step({"losses/grad_norm": grad_norm})
+                    if cfg.target_kl is not None and should_stop_early(step_stats["losses/approx_kl"], cfg.target_kl):
+                        stop = True
+                        break
+                if stop:
                     break
-            if stop:
-                break
         out.update(meter.means(["losses/grad_norm"]))
         out["losses/epochs"] = float(epochs)
         out["losses/non_finite_steps"] = float(skipped)
+        out["charts/micro_batches"] = calls / max(1, len(meter.rows))  # forward/backward calls per step per rank
         return out
+
+    def _calls(self, n: int, parallel: DataParallel, device: torch.device) -> list[tuple[torch.Tensor, bool]]:
+        """The forward/backward calls of this rank on a minibatch of ``n`` samples."""
+        if parallel.world_size == 1:
+            return [(i, True) for i in micro_batches(torch.arange(n, device=device), self.cfg.micro_batch_size)]
+        return parallel.calls(n, self.cfg.micro_batch_size, device)
 
 
 class _Meter:
-    """Means over an update's optimizer steps of per-step statistics (a step's micro-batches
-    weighted by their share of its minibatch). A step's statistics are stacked into one tensor
-    and stay on the device until :meth:`means`: a few ops per step, no host round trip (on a GPU
-    each would be a synchronization)."""
+    """Means over an update's optimizer steps of per-step statistics. Within a step, a
+    micro-batch's statistics weigh by its share of the minibatch, except the ``summed`` ones,
+    which already are its share of a minibatch total (losses aggregated with the minibatch's
+    counts) and add up. A step's statistics are stacked into one tensor and stay on the device
+    until :meth:`means`: a few ops per step, no host round trip (on a GPU each would be a
+    synchronization)."""
 
-    def __init__(self) -> None:
+    def __init__(self, summed: frozenset[str] = frozenset()) -> None:
+        self.summed = summed
         self.keys: list[str] | None = None
         self.current: torch.Tensor | None = None
         self.rows: list[torch.Tensor] = []
 
-    def add(self, stats: dict[str, Any], weight: float) -> None:
+    def add(self, stats: dict[str, Any], weight: float, real: bool = True) -> None:
+        """Add one micro-batch's statistics; ``weight``: its share of the minibatch's samples.
+        A call that is not ``real`` (a filler of a rank without samples) adds zeros."""
         if self.keys is None:
             self.keys = list(stats)
         elif list(stats) != self.keys:
             raise ValueError(f"statistics changed between steps: {self.keys} -> {list(stats)}")
-        row = torch.stack([v.detach().float() for v in stats.values()])
-        row = row * weight if weight != 1.0 else row
+        share = 1.0 if real else 0.0
+        row = torch.stack([v.detach().float() * (share if k in self.summed else weight * share) for k, v in stats.items()])
         self.current = row if self.current is None else self.current + row
+
+    def combine(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Replace the current step's statistics by ``reduce`` of them (their sum over ranks)."""
+        assert self.current is not None, "combine() without add()"
+        self.current = reduce(self.current)
 
     def step(self, extra: dict[str, Any]) -> dict[str, Any]:
         """Close the current optimizer step (with its ``extra`` statistics, e.g. the gradient
         norm); returns the step's statistics by name (0-d tensors)."""
         assert self.current is not None and self.keys is not None, "step() without add()"
-        row = torch.cat([self.current, torch.stack([torch.as_tensor(v).detach().float() for v in extra.values()])])
+        extras = torch.stack([torch.as_tensor(v).detach().float().to(self.current.device) for v in extra.values()])
+        row = torch.cat([self.current, extras])
         self.rows.append(row)
         self.current = None
         return dict(zip([*self.keys, *extra], row.unbind()))

@@ -37,6 +37,7 @@ class PPO(Algorithm):
 
     name = "ppo"
     estimators = ("gae",)
+    summed_stats = Algorithm.summed_stats | {"losses/value"}
 
     @property
     def needs_critic(self) -> bool:

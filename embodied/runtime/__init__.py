@@ -1,7 +1,7 @@
 """The runtime: cluster, workers, worker groups and channels."""
 
 from embodied.runtime.channel import Channel, default_route
-from embodied.runtime.cluster import Cluster, ClusterConfig
+from embodied.runtime.cluster import Cluster, ClusterConfig, NodeInfo
 from embodied.runtime.mailbox import ChannelTimeout
 from embodied.runtime.worker import (
     Endpoint,
@@ -24,6 +24,7 @@ __all__ = [
     "ClusterConfig",
     "Endpoint",
     "GroupFuture",
+    "NodeInfo",
     "Location",
     "RankResources",
     "Worker",

@@ -54,8 +54,9 @@ class ClusterConfig:
     """``ray``: every worker is a Ray actor (real processes). ``local``: every worker is a plain
     object in this process, each with its own thread (debugging, breakpoints, fast tests)."""
     address: str | None = None
-    """Ray address to join; ``auto`` joins the cluster started with ``ray start``. None starts a
-    local Ray sized to this machine."""
+    """Ray cluster to join, ``HOST:PORT`` of its head (see docs/cluster.md); ``auto`` joins the one
+    ``RAY_ADDRESS`` names, or else the one ``ray start`` started on this machine. None starts a
+    new local Ray sized to this machine, listening on loopback only (whatever else runs here)."""
     num_cpus: int | None = None
     """CPUs given to a local Ray (default: all cores of this machine)."""
     num_gpus: int | None = None
@@ -116,6 +117,15 @@ def _ray_version() -> str:
 LOCAL_HOST = "127.0.0.1"
 
 
+@dataclass(frozen=True)
+class NodeInfo:
+    """One live node: its Ray node id (None on the local backend), CPUs and GPUs."""
+
+    node_id: str | None
+    cpus: float
+    gpus: float
+
+
 class Cluster:
     """A handle on the compute the run uses. ``with Cluster(cfg) as cluster: ...`` shuts it down.
 
@@ -166,12 +176,11 @@ class Cluster:
                 num_cpus = self.cfg.num_cpus or os.cpu_count() or 1
                 num_gpus = self.cfg.num_gpus if self.cfg.num_gpus is not None else _cuda_count()
                 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-                with _loopback_only():
-                    # address="local": a cluster of this run's own. Without it ray.init() joins whatever
-                    # Ray the machine already runs (another user's run, a `ray start` head), found
-                    # through /tmp/ray/ray_current_cluster, and fails on num_cpus.
-                    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, _node_ip_address=LOCAL_HOST,
-                             **kwargs)
+                # address="local" and no RAY_ADDRESS: always a new local Ray, never the cluster a
+                # `ray start` on this machine recorded in /tmp/ray/ray_current_cluster (joining one
+                # is cluster.address=auto)
+                with _loopback_only(), _without_env("RAY_ADDRESS"):
+                    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, _node_ip_address=LOCAL_HOST, **kwargs)
                 node_ip = ray.util.get_node_ip_address()
                 if node_ip != LOCAL_HOST:
                     log.warning("the local Ray listens on %s, not only on %s (Ray changed how it resolves "
@@ -193,6 +202,43 @@ class Cluster:
 
             return float(ray.cluster_resources().get("GPU", 0))
         return float(self.cfg.num_gpus if self.cfg.num_gpus is not None else _cuda_count())
+
+    def nodes(self) -> list[NodeInfo]:
+        """The live nodes of the cluster with their resources (one node, this machine, on the
+        local backend)."""
+        if self.backend != "ray":
+            return [NodeInfo(None, self.num_cpus, self.num_gpus)]
+        import ray
+
+        return [NodeInfo(node["NodeID"], float(node["Resources"].get("CPU", 0)), float(node["Resources"].get("GPU", 0)))
+                for node in ray.nodes() if node.get("Alive")]
+
+    def check_capacity(self, requests: dict[str, list[dict[str, float]]]) -> None:
+        """Raise a UserError when worker groups ask for more of a resource than the local Ray has:
+        they would wait for it until ``cluster.start_timeout_s``. ``requests``: group name ->
+        ``{resource: amount}`` of each rank (``CPU``, ``GPU``, custom resources). A joined cluster
+        (``cluster.address``) may grow (an autoscaler): not checked."""
+        if self.backend != "ray" or self.cfg.address is not None:
+            return
+        import ray
+
+        from embodied.errors import UserError
+
+        have = ray.cluster_resources()
+        wanted: dict[str, float] = {}
+        parts: dict[str, list[str]] = {}
+        for group, ranks in requests.items():
+            for rank in ranks:
+                for name, amount in rank.items():
+                    wanted[name] = wanted.get(name, 0.0) + amount
+            for name in {n for rank in ranks for n, a in rank.items() if a > 0}:
+                parts.setdefault(name, []).append(f"{group} {sum(r.get(name, 0.0) for r in ranks):g}")
+        short = [f"{wanted[n]:g} {n} ({', '.join(parts[n])}), the cluster has {have.get(n, 0):g}"
+                 for n in sorted(wanted) if wanted[n] > have.get(n, 0) + 1e-9]
+        if short:
+            raise UserError("The worker groups ask for more than the cluster has: " + "; ".join(short) + ". Lower "
+                            "workers.<group>_cpus / _resources, run fewer ranks (workers.<group>), or give the cluster "
+                            "more (cluster.num_cpus, cluster.num_gpus for a local Ray; nodes for a cluster).")
 
     def shutdown(self) -> None:
         if self.backend == "ray" and self._started_ray:
@@ -226,6 +272,17 @@ def _loopback_only() -> Iterator[None]:
         yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = before
+
+
+@contextlib.contextmanager
+def _without_env(key: str) -> Iterator[None]:
+    """``os.environ`` without ``key`` inside the block."""
+    saved = os.environ.pop(key, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[key] = saved
 
 
 @contextlib.contextmanager

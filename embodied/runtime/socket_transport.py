@@ -2,7 +2,8 @@
 
 A Ray actor call costs ~0.7 ms; a message over a Unix socket ~0.05 ms. For a pipeline that sends
 two messages per env step, that difference is most of the runtime's overhead, so channels between
-two processes on the same machine use this transport, and Ray's only across machines.
+two processes on the same node use this transport, and Ray's only across nodes ("the same node":
+the same Ray node, :func:`this_host`; two raylets on one machine count as two nodes).
 
 Each worker process runs one :class:`SocketInbox`: a listening socket and a reader thread per
 connected producer, filing every message into the worker's mailbox. Producers keep one
@@ -77,7 +78,7 @@ class SocketInbox:
             self.path = "\0" + name  # abstract namespace: no file to leak when a worker is killed
         else:
             self.path = os.path.join(tempfile.gettempdir(), name)
-        self.host = socket.gethostname()
+        self.host = this_host()
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(self.path)
         self._server.listen(64)
@@ -178,5 +179,17 @@ def outbox() -> SocketOutbox:
     return _OUTBOX
 
 
+_HOST: tuple[int, str] | None = None  # (pid, identity) of this process
+
+
 def this_host() -> str:
-    return socket.gethostname()
+    """Which node this process is on, as channels tell nodes apart: its Ray node id inside Ray
+    (two raylets on one machine are two nodes, as on two machines), else the host name."""
+    global _HOST
+    if _HOST is None or _HOST[0] != os.getpid():
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            _HOST = (os.getpid(), ray.get_runtime_context().get_node_id())
+        else:
+            return socket.gethostname()  # not cached: Ray may start later in this process
+    return _HOST[1]

@@ -81,13 +81,7 @@ class WeightSyncer:
     def export(self, module: nn.Module, version: int) -> WeightPayload:
         """The bytes of ``module``'s tensors (see :meth:`tensors`)."""
         tensors = self.tensors(module)
-        slots = tuple(TensorSlot(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in tensors.items())
-        raw = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors.values()]
-        if any(r.device.type != "cpu" for r in raw):  # one device-side concatenation, one copy to the host
-            host = torch.cat([r.reshape(-1) for r in raw]).cpu() if raw else torch.empty(0, dtype=torch.uint8)
-            raw = list(torch.split(host, [r.numel() for r in raw]))
-        frozen = len(tensors) < len(module.state_dict())
-        return WeightPayload(int(version), slots, tuple(r.numpy() for r in raw), trainable_only=frozen)
+        return export_tensors(tensors, version, trainable_only=len(tensors) < len(module.state_dict()))
 
     def load(self, module: nn.Module, payload: WeightPayload) -> int:
         """Copy ``payload`` into ``module``'s tensors in place; returns the payload's version.
@@ -111,6 +105,17 @@ class WeightSyncer:
             for s, raw in zip(payload.slots, payload.arrays):
                 state[s.name].data.copy_(_tensor(raw, s), non_blocking=True)
         return payload.version
+
+
+def export_tensors(tensors: dict[str, torch.Tensor], version: int, trainable_only: bool) -> WeightPayload:
+    """The bytes of whole ``tensors`` (by state-dict name), e.g. gathered from sharded trainer
+    ranks; ``trainable_only``: they are the trainable part of the module (the rest is frozen)."""
+    slots = tuple(TensorSlot(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in tensors.items())
+    raw = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors.values()]
+    if any(r.device.type != "cpu" for r in raw):  # one device-side concatenation, one copy to the host
+        host = torch.cat([r.reshape(-1) for r in raw]).cpu() if raw else torch.empty(0, dtype=torch.uint8)
+        raw = list(torch.split(host, [r.numel() for r in raw]))
+    return WeightPayload(int(version), slots, tuple(r.numpy() for r in raw), trainable_only=trainable_only)
 
 
 def _tensor(raw: np.ndarray, slot: TensorSlot) -> torch.Tensor:

@@ -126,15 +126,27 @@ def _construct(cls: type[W], group: str, rank: int, world_size: int, args: tuple
 
 @dataclass(frozen=True)
 class Location:
-    """Where a rank runs: its host name, process id and log file (None: no log file)."""
+    """Where a rank runs: its host name, process id, log file (None: no log file) and Ray node id
+    (None outside Ray; tells apart nodes that share a host name)."""
 
     node: str
     pid: int
     log: str | None = None
+    node_id: str | None = None
 
     @classmethod
     def here(cls, log: str | None = None) -> Location:
-        return cls(socket.gethostname(), os.getpid(), log)
+        return cls(socket.gethostname(), os.getpid(), log, _ray_node_id())
+
+
+def _ray_node_id() -> str | None:
+    """This process's Ray node id, when it is a Ray worker (or a connected driver)."""
+    import sys
+
+    ray = sys.modules.get("ray")  # never import Ray for this: the local backend does without it
+    if ray is None or not ray.is_initialized():
+        return None
+    return ray.get_runtime_context().get_node_id()
 
 
 class _Failure:
@@ -451,11 +463,15 @@ class Endpoint:
 
 @dataclass
 class RankResources:
-    """Resources of one rank: CPUs (may be fractional to colocate), GPUs, and env vars."""
+    """Resources of one rank: CPUs (may be fractional to colocate), GPUs, env vars, custom Ray
+    resources (``{"node_trainer": 1}``: only nodes that offer them) and the Ray node id to run on
+    (None: any node that has the resources)."""
 
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     env_vars: dict[str, str] = field(default_factory=dict)
+    custom: dict[str, float] = field(default_factory=dict)
+    node: str | None = None
 
 
 class WorkerGroup(Generic[W]):
@@ -510,7 +526,9 @@ class WorkerGroup(Generic[W]):
             started = GroupFuture(self.name, "__init__", list(range(num_ranks)), pings, self.backend, self.start_timeout_s,
                                   timeout_key="cluster.start_timeout_s").wait()
         except WorkerTimeout as err:
-            want = ", ".join(f"{r.num_cpus:g} CPU / {r.num_gpus:g} GPU" for r in self.resources)
+            want = ", ".join(f"{r.num_cpus:g} CPU / {r.num_gpus:g} GPU"
+                             + "".join(f" / {v:g} {k}" for k, v in r.custom.items())
+                             + (f" on node {r.node}" if r.node else "") for r in self.resources)
             self.shutdown()
             raise WorkerTimeout(
                 self.name, err.rank, "__init__",
@@ -536,12 +554,19 @@ class WorkerGroup(Generic[W]):
             try:
                 for rank, r in enumerate(self.resources):
                     log_label = f"{label}-{rank}"
+                    placed = {}
+                    if r.node is not None:  # the plan's node for this rank (a cluster of several)
+                        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+                        placed["scheduling_strategy"] = NodeAffinitySchedulingStrategy(r.node, soft=False)
                     hosts.append(host.options(
                         name=f"{label}:{rank}",
                         num_cpus=r.num_cpus,
                         num_gpus=r.num_gpus,
+                        resources=dict(r.custom) or None,
                         max_concurrency=1,
                         runtime_env={"env_vars": r.env_vars} if r.env_vars else None,
+                        **placed,
                     ).remote(cls, self.name, rank, self.num_ranks, args, kwargs, log_label,
                              str(run_dir) if run_dir is not None else None))
             except ValueError as err:  # ActorAlreadyExistsError: "The name ... is already taken"
@@ -590,6 +615,27 @@ class WorkerGroup(Generic[W]):
             except ray.exceptions.GetTimeoutError:
                 raise WorkerTimeout(self.name, 0, "address", _no_answer(self.timeout_s, "cluster.timeout_s")) from None
         return [Endpoint(h, a) for h, a in zip(self._hosts, self._addresses)]
+
+    def first_dead(self, method: str, timeout_s: float = 5.0) -> WorkerError | None:
+        """The first rank whose process is gone, as the :class:`WorkerError` a call of ``method``
+        on it gets (None: every rank answers or is busy; always None in-process). When ranks
+        depend on each other (collectives), a survivor often reports the failure first: this
+        names the rank that caused it."""
+        if self.backend != "ray":
+            return None
+        import ray
+
+        pings = [h.ping.remote() for h in self._hosts]
+        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=timeout_s)
+        for rank, ref in enumerate(pings):
+            if ref not in ready:
+                continue  # busy in a call (or slow to answer): alive
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as err:
+                future = GroupFuture(self.name, method, [rank], [ref], self.backend, timeout_s, [self.locations[rank]])
+                return future.error(0, _died(str(err)))
+        return None
 
     def __getattr__(self, method: str) -> Any:
         if method.startswith("_"):

@@ -292,3 +292,58 @@ def test_discounted_returns_to_go_by_hand():
     to_go = first_episode_returns_to_go(rewards, valid, ends, torch.zeros_like(ends), gamma=0.5)
     # steps: 1, 2, 4, 8, 16 -> from step 0: 1 + 1 + 1 + 1 + 1 = 5; from step 2: 4 + 4 + 4 = 12; from step 4: 16
     torch.testing.assert_close(to_go[:, 0], torch.tensor([5.0, 12.0, 16.0]))
+
+
+# --- micro-batches: the gradient and the logged losses of one pass -----------------------------------
+
+
+class _ActorCritic(nn.Module):
+    """A tiny discrete actor-critic with the policy contract's ``evaluate``."""
+
+    has_critic = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.pi, self.v = nn.Linear(3, 2), nn.Linear(3, 1)
+
+    def evaluate(self, obs, actions):
+        from policies.base import Evaluation
+
+        dist = torch.distributions.Categorical(logits=self.pi(obs["state"]))
+        return Evaluation(dist.log_prob(actions), dist.entropy(), self.v(obs["state"]).squeeze(-1))
+
+    def update_normalizer(self, obs) -> None:
+        pass
+
+
+def _ppo_batch(T: int = 5, B: int = 3) -> TrajectoryBatch:
+    rng = np.random.default_rng(7)
+    b = batch(rng.normal(size=(T, B)), terminated=rng.random((T, B)) < 0.3, values=rng.normal(size=(T, B)),
+              final_values=np.zeros((T, B)), last_values=rng.normal(size=B),
+              logprobs=np.log(rng.uniform(0.3, 0.7, (T, B))), actions=rng.integers(0, 2, (T, B)))
+    b.obs = {"state": torch.as_tensor(rng.normal(size=(T, B, 3)), dtype=torch.float32)}
+    return b
+
+
+@pytest.mark.parametrize("micro", [1, 4, 7])
+def test_ppo_micro_batches_give_the_gradient_and_losses_of_one_pass(micro):
+    """One SGD step at lr 1 on one minibatch of 15 samples moves the weights by minus the
+    gradient: accumulated over micro-batches of 1, 4 or 7 samples it is the gradient of one
+    pass, and the logged losses are the minibatch's (not a micro-batch's share of them)."""
+    results = []
+    for size in (None, micro):
+        cfg = AlgoConfig(num_minibatches=1, epochs=1, micro_batch_size=size, max_grad_norm=1e9, entropy_coeff=0.01)
+        policy = _ActorCritic()
+        before = [p.detach().clone() for p in policy.parameters()]
+        stats = build_algorithm(cfg).update(policy, torch.optim.SGD(policy.parameters(), lr=1.0), _ppo_batch(), lr=1.0,
+                                            generator=torch.Generator().manual_seed(0))
+        grads = [b - p.detach() for b, p in zip(before, policy.parameters())]
+        results.append((grads, stats))
+    (one_pass, whole), (accumulated, micro_stats) = results
+    for g1, g2 in zip(one_pass, accumulated):
+        torch.testing.assert_close(g2, g1, rtol=1e-5, atol=1e-7)
+    assert max(float(g.abs().max()) for g in one_pass) > 1e-3
+    for key in ("losses/policy", "losses/value", "losses/entropy", "losses/approx_kl", "losses/grad_norm"):
+        assert micro_stats[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7), key
+    assert micro_stats["charts/micro_batches"] == -(-15 // micro) and whole["charts/micro_batches"] == 1

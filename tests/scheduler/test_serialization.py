@@ -45,6 +45,9 @@ def test_profile_round_trip():
 def test_workflow_and_resources_round_trip():
     workflow = Workflow.embodied(num_envs=16, rollout_steps=8, train_epochs=2, train_minibatch=32)
     assert Workflow.from_dict(_through_json(workflow.to_dict())) == workflow
+    ranked = Workflow.embodied(num_envs=16, rollout_steps=8, ranks={"trainer": 2, "env": 1})
+    data = _through_json(ranked.to_dict())
+    assert data["ranks"] == {"env": 1, "trainer": 2} and Workflow.from_dict(data) == ranked
     resources = Resources.gpus(2, 80.0) + Resources.cpu_cores(4, 4.0)
     assert Resources.from_dict(_through_json(resources.to_dict())) == resources
 
