@@ -89,6 +89,14 @@ class Policy(nn.Module, ABC):
     def update_normalizer(self, obs: dict[str, torch.Tensor]) -> None:
         """Update input-normalization statistics from a batch (no-op by default)."""
 
+    def encode_actions(self, env_actions: torch.Tensor) -> torch.Tensor:
+        """The stored form of actions an env executes: what ``act`` would return as ``actions``
+        for them, and what ``evaluate`` scores. ``env_actions``: (B, *action_shape), or
+        (B, C, *action_shape) with ``action_chunk`` C > 1. The identity for policies whose env
+        actions are their actions (the default); token policies tokenize (a VLA: normalize, then
+        its action tokens). Behaviour cloning scores demonstrations with it."""
+        return env_actions
+
 
 def space_dims(observation_space: gym.spaces.Dict, action_space: gym.spaces.Space) -> tuple[int, int, bool]:
     """(state dim, action dim or number of discrete actions, is_discrete) for one env."""

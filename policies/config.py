@@ -25,3 +25,9 @@ class PolicyConfig:
     another (``chunk_step``) and PPO treats the chunk as one decision. 1: one action per step."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra model-specific arguments."""
+    init: str | None = None
+    """Weights to start from: a ``.safetensors`` file of the policy's tensors (a behaviour-cloning
+    warm start's ``policy.safetensors``), a checkpoint dir, or a run dir (its latest checkpoint).
+    Every tensor in it must be one of the policy's, of the same shape; the policy's tensors it
+    lacks (a value head the warm start did not train) keep their initialisation. None: the
+    model's own initialisation (``warmstart.*`` sets it after behaviour cloning)."""
