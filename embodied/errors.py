@@ -10,9 +10,11 @@ code  class               meaning
 1     (anything else)     an unexpected error: a bug. The full traceback is in the run's log.
 2     :class:`UserError`  a mistake in what the user asked for (config key, recipe, run dir in use,
                           a checkpoint that does not fit the model). Nothing was written.
-3     :class:`WorkerFailure`  a worker, env process or trainer rank raised or died.
+3     :class:`WorkerFailure`  a worker, env process or trainer rank raised or died;
+                          :class:`EnvError`: the user's env raised or returned NaN/inf.
 4     :class:`StorageError`   the disk is full or unwritable, or a checkpoint is corrupt.
-5     :class:`RunTimeout`     a worker or channel did not answer within ``cluster.timeout_s``.
+5     :class:`RunTimeout`     a worker, channel or env process did not answer within its timeout
+                          (the message names the seconds and the config key).
 130   (KeyboardInterrupt) interrupted with Ctrl-C (SIGINT).
 143   :class:`Terminated` stopped by SIGTERM (e.g. a scheduler's kill); 128 + the signal number.
 ====  ==================  ==========================================================================
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import difflib
 import errno
+import re
 import signal
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -97,6 +100,37 @@ class WorkerFailure(EmbodiedError, RuntimeError):
 
     exit_code = ExitCode.WORKER
     headline = "A worker failed"
+
+
+class EnvError(WorkerFailure):
+    """The user's env failed: its constructor, ``reset`` or ``step`` raised, it returned NaN/inf
+    (``env.nonfinite=error``), or its process died or hung (exit code 3; 5 for a hang).
+
+    ``where`` names the env: ``env_id``, ``env_index`` (over the VecEnv that raised it; the env
+    worker makes it global), ``seed`` (the seed the env was last reset with), and, from an env
+    process, ``env_process`` and its ``log``. The paragraph says it is the env's failure, so a user
+    does not hunt for it in Embodied or in the policy."""
+
+    headline = "The env failed"
+
+    def __init__(self, *args: Any, where: Mapping[str, Any] | None = None, detail: str | None = None,
+                 appendix: str = "") -> None:
+        """Either a plain message (``args``), or ``detail``: what went wrong, rendered after the
+        env's name, index and seed as ``where`` holds them when the message is read (an env
+        worker turns a chunk's index into one over all envs by updating ``where``);
+        ``appendix`` follows (a worker's traceback)."""
+        super().__init__(*(args or (detail,)), where=where)
+        self.detail = detail
+        self.appendix = appendix
+
+    def __str__(self) -> str:
+        if self.detail is None:
+            return super().__str__() + self.appendix
+        w = self.where
+        name = f"env {w['env_id']}" if w.get("env_id") else "the env"
+        at = ", ".join(f"{label} {w[key]}" for key, label in (("env_index", "env index"), ("seed", "seed"))
+                       if w.get(key) is not None)
+        return f"{name}{f' ({at})' if at else ''} {self.detail}{self.appendix}"
 
 
 class StorageError(EmbodiedError):
@@ -210,6 +244,7 @@ _WHERE_LABELS = (
     ("node", "node {}"),
     ("pid", "pid {}"),
     ("env_process", "env process {}"),
+    ("env_id", "env {}"),
     ("env_index", "env index {}"),
     ("seed", "seed {}"),
 )
@@ -257,7 +292,9 @@ def format_failure(exc: BaseException, context: FailureContext | None = None) ->
         what = f"{type(exc).__name__}: {first_paragraph(str(exc))}"
     parts = [f"{headline} (exit code {code}): {_sentence(what)}"]
     where = where_of(exc)
-    known = [label.format(where[key]) for key, label in _WHERE_LABELS if where.get(key) is not None]
+    # what the message already says (an env error names its env, index and seed) is not repeated
+    known = [text for key, label in _WHERE_LABELS if where.get(key) is not None
+             and not _says(what, text := label.format(where[key]))]
     if known:
         parts.append("Where: " + ", ".join(known) + ".")
     if where.get("log"):
@@ -275,6 +312,11 @@ def format_failure(exc: BaseException, context: FailureContext | None = None) ->
     if ctx.log_path is not None:
         parts.append(f"Full traceback in {ctx.log_path}.")
     return " ".join(parts)
+
+
+def _says(text: str, phrase: str) -> bool:
+    """Whether ``text`` holds ``phrase`` as whole words (``seed 1`` is not in ``seed 10``)."""
+    return re.search(rf"(?<![\w]){re.escape(phrase)}(?![\w])", text) is not None
 
 
 def first_paragraph(text: str) -> str:

@@ -101,6 +101,35 @@ class _StderrAtEmit(logging.StreamHandler):
         self._fixed = value
 
 
+class _LogFile(logging.FileHandler):
+    """The driver's log file. A disk that fills up must not turn every later log line into a
+    "--- Logging error ---" traceback on the terminal, nor the closing of the log into a new
+    failure: records that cannot be written are dropped (the run's own StorageError says what
+    happened) and the file is closed quietly."""
+
+    failed = False
+    """Whether a record could not be written (the file misses lines from then on)."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if isinstance(sys.exc_info()[1], OSError):
+            self.failed = True  # dropped: the disk is full or gone
+            return
+        super().handleError(record)
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError:
+            self.failed = True
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:  # the last flush hit a full disk
+            self.failed = True
+            self.stream = None  # type: ignore[assignment]
+
+
 class _TerminalFilter(logging.Filter):
     """What the terminal shows: the project's INFO+ and other libraries' errors (not Ray's);
     everything in debug mode. A record logged with ``extra={"terminal": False}`` never shows
@@ -145,7 +174,7 @@ class RunLog:
         self.debug = debug
         self.path = log_dir(self.run_dir) / DRIVER_LOG
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = logging.FileHandler(self.path, mode="a", encoding="utf-8", delay=False)
+        self._file = _LogFile(self.path, mode="a", encoding="utf-8", delay=False)
         self._file.setLevel(logging.DEBUG)
         self._file.setFormatter(logging.Formatter(_FILE_FORMAT))
         self._terminal = _StderrAtEmit(terminal)
@@ -173,6 +202,11 @@ class RunLog:
         )
         if "ray" in sys.modules:
             self.adopt_ray_loggers()
+
+    @property
+    def file_failed(self) -> bool:
+        """Whether a line could not be written to ``driver.log`` (a full disk)."""
+        return self._file.failed
 
     def adopt_ray_loggers(self) -> None:
         """Route Ray's own loggers (configured by ``import ray`` with a handler of their own that
@@ -280,7 +314,24 @@ def log_failure(exc: BaseException, doing: str = "") -> Path | None:
     )
     for handler in logging.getLogger().handlers:
         handler.flush()
+    if run_log.file_failed:  # the run's disk is full: the traceback goes where there is room
+        return write_traceback_file(exc)
     return run_log.path
+
+
+def write_traceback_file(exc: BaseException) -> Path | None:
+    """Write ``exc``'s full traceback to a new file in the temp dir (when no run log can hold
+    it: before a run dir exists, or on a full disk); its path, or None if that fails too."""
+    import tempfile
+    import traceback
+
+    try:
+        fd, path = tempfile.mkstemp(prefix="embodied-error-", suffix=".log")
+        with os.fdopen(fd, "w") as f:
+            f.write("".join(traceback.format_exception(exc)))
+    except OSError:
+        return None
+    return Path(path)
 
 
 def report_failure(exc: BaseException, context: FailureContext | None = None, *, prefix: str = "embodied: error: ",

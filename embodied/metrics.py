@@ -158,6 +158,7 @@ class MetricsLogger:
         except OSError as err:
             raise storage_error("Opening metrics.jsonl", self.path, err) from err
         self._tb = None
+        self._tb_failed = False
         self._wandb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -181,9 +182,13 @@ class MetricsLogger:
         self._append(json.dumps(row) + "\n")
         numeric = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if self._tb is not None:
-            for k, v in numeric.items():
-                self._tb.add_scalar(k, v, step)
-            self._tb.flush()
+            try:  # TensorBoard's writer thread re-raises its OSError (a full disk) here
+                for k, v in numeric.items():
+                    self._tb.add_scalar(k, v, step)
+                self._tb.flush()
+            except OSError as err:
+                self._tb_failed = True
+                raise storage_error("Writing TensorBoard events", self.run_dir / "tensorboard", err) from err
         if self._wandb is not None:
             self._wandb.log(numeric, step=step)
 
@@ -223,8 +228,12 @@ class MetricsLogger:
             os.close(self._fd)
             self._fd = -1
         if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+            tb, self._tb = self._tb, None
+            try:
+                tb.close()
+            except OSError as err:
+                if not self._tb_failed:  # not reported yet: events of the last rows are lost
+                    raise storage_error("Writing TensorBoard events", self.run_dir / "tensorboard", err) from err
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass
@@ -15,7 +15,7 @@ class EnvConfig:
     ``package.module:ClassName`` of a user's env class, a ManiSkill task (``PushCube-v1``) or a
     LIBERO suite/task (``libero_spatial/0``)."""
     adapter: str = "auto"
-    """Adapter that builds the env (``embodied recipes`` lists them); ``auto`` picks the first
+    """Adapter that builds the env (``embodied recipes --all`` lists them); ``auto`` picks the first
     adapter that claims ``id``."""
     num_envs: int = 8
     """Number of parallel envs per env worker."""
@@ -49,6 +49,24 @@ class EnvConfig:
     """Side of the frames ``VecEnv.render()`` returns for videos (where the adapter can set it)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments passed to the env constructor (e.g. ``control_mode``)."""
+    nonfinite: Literal["error", "drop"] = "error"
+    """What a NaN or inf in an env's observation or reward does. ``error``: the run stops with
+    one message naming the env, its index and seed (before the value reaches the policy).
+    ``drop``: that env's episode ends there, with a warning: the step is recorded as a time-limit
+    cut at the last finite observation with reward 0 (the learner bootstraps from that
+    observation's value; nothing non-finite reaches it), the env is reset (a batched simulator,
+    which cannot reset one env, has that row masked so until it ends the episode), the step does not
+    count towards ``algo.total_env_steps``, the episode is left out of ``train/episode_return``
+    and counted in ``env/nonfinite_episodes``. Checked on the whole batch at once (one
+    ``isfinite`` per array and step)."""
+    timeout_s: float = 60.0
+    """Multiprocess backend: longest wait for one reply of an env process (a reset, a step, a
+    chunk of steps of its envs). A process that takes longer is stuck (a hanging simulator): the
+    run stops naming it, its envs and their seeds, and its Python stack goes to its log. Below
+    ``cluster.timeout_s``, so the env's own message comes first."""
+    start_timeout_s: float = 600.0
+    """Multiprocess backend: longest wait for the env processes to start and build their envs
+    (simulator imports, asset loading)."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -58,6 +76,9 @@ class EnvConfig:
             problems.append(f"env.num_procs must be >= 0 (0: one per core; got {self.num_procs})")
         if self.worker_spin_us < 0:
             problems.append(f"env.worker_spin_us must be >= 0 (got {self.worker_spin_us})")
+        for key in ("timeout_s", "start_timeout_s"):
+            if not getattr(self, key) > 0:
+                problems.append(f"env.{key} must be > 0 seconds (got {getattr(self, key)})")
         if self.max_episode_steps is not None and self.max_episode_steps < 1:
             problems.append(f"env.max_episode_steps must be >= 1 or null (got {self.max_episode_steps})")
         for key in ("image_size", "render_size"):

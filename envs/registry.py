@@ -47,7 +47,7 @@ def register_adapter(name: str, claims: Callable[[str], bool], priority: int = 5
 
 def resolve_adapter(cfg: EnvConfig) -> str:
     """The adapter name that builds ``cfg.id``."""
-    _load_builtin_adapters()
+    load_builtin_adapters()
     if cfg.adapter != "auto":
         ADAPTERS.get(cfg.adapter)
         return cfg.adapter
@@ -68,7 +68,7 @@ def make_vec_env(cfg: EnvConfig, seed: int = 0) -> VecEnv:
     return ADAPTERS.get(resolve_adapter(cfg)).make(cfg, seed)
 
 
-def _load_builtin_adapters() -> None:
+def load_builtin_adapters() -> None:
     # Importing the adapter modules registers them. Each import is cheap: simulators are
     # imported lazily inside ``make``.
     import envs.adapters  # noqa: F401

@@ -3,17 +3,27 @@
 This is the in-process backend for CPU simulators and the engine inside every process of the
 multiprocess backend. It implements the contract of :mod:`envs.base` exactly, including
 ``chunk_step`` that stops stepping an env once its episode ended inside the chunk.
+
+The user's env failing is reported as such: an exception from an env's constructor, ``reset`` or
+``step`` becomes an :class:`~embodied.errors.EnvError` naming the env id, its index and seed
+(a :class:`~embodied.errors.UserError` stays one), and every batch is checked for NaN/inf
+(``env.nonfinite``, :mod:`envs.nonfinite`) before it leaves.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
+from embodied.errors import EnvError, UserError
 from envs.base import ChunkStepResult, EpisodeStats, Obs, StepResult, VecEnv, env_seeds, to_numpy
+from envs.nonfinite import NONFINITE_INFO_KEY, all_finite, bad_rows, check_mode
+
+log = logging.getLogger(__name__)
 
 EnvFn = Callable[[], gym.Env]
 
@@ -81,12 +91,51 @@ class _Rows:
             arrays[key][i] = value if isinstance(value, np.ndarray) else to_numpy(value)
 
 
-class SerialVecEnv(VecEnv):
-    """``len(env_fns)`` gymnasium envs stepped one after another, with auto-reset."""
+def env_name(env: gym.Env) -> str:
+    """A gymnasium env's id (``CartPole-v1``), or ``module:Class`` of an env made from its class."""
+    spec = getattr(env, "spec", None)
+    if spec is not None and getattr(spec, "id", None):
+        return spec.id
+    cls = type(env.unwrapped)
+    return f"{cls.__module__}:{cls.__qualname__}"
 
-    def __init__(self, env_fns: Sequence[EnvFn], instructions: Sequence[str] | None = None) -> None:
-        self.envs = [fn() for fn in env_fns]
+
+class SerialVecEnv(VecEnv):
+    """``len(env_fns)`` gymnasium envs stepped one after another, with auto-reset.
+
+    env_id:      the env's name in error messages (default: the first env's gymnasium id, or
+                 ``module:Class``).
+    first_index: index of ``env_fns[0]`` in the whole batch this VecEnv is a shard of (the
+                 multiprocess backend's env processes), for error messages.
+    nonfinite:   ``"error"`` or ``"drop"``: what a NaN/inf in an observation or reward does
+                 (``env.nonfinite``; see :class:`~envs.config.EnvConfig`).
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[EnvFn],
+        instructions: Sequence[str] | None = None,
+        *,
+        env_id: str | None = None,
+        first_index: int = 0,
+        nonfinite: str = "error",
+    ) -> None:
+        self.first_index = first_index
+        self.nonfinite = check_mode(nonfinite)
+        self.env_id = env_id
+        self.envs = []
+        for i, fn in enumerate(env_fns):
+            try:
+                self.envs.append(fn())
+            except (UserError, KeyboardInterrupt):
+                raise
+            except Exception as err:
+                for env in self.envs:
+                    env.close()
+                raise self._env_error(i, "building the env", err) from err
         self.num_envs = len(self.envs)
+        if self.env_id is None:
+            self.env_id = env_name(self.envs[0])
         first = self.envs[0]
         self.observation_space = obs_space_as_dict(first.observation_space)
         self.action_space = first.action_space
@@ -97,21 +146,48 @@ class SerialVecEnv(VecEnv):
         self._episode_count = np.zeros(self.num_envs, np.int64)
         self._has_success = False
         self._closed = False
+        self._seeds: list[int | None] = [None] * self.num_envs  # the seed each env was last reset with
+        self._last_obs: Obs | None = None  # the batch the next decision is made in (``drop`` needs it)
+        self.nonfinite_episodes = 0
+        """Episodes ended by ``nonfinite="drop"`` since construction."""
 
     # --- helpers -------------------------------------------------------------------------------
     def _reset_one(self, i: int, seed: int | None = None) -> Any:
+        if seed is not None:
+            self._seeds[i] = seed
         obs, _ = self.envs[i].reset(seed=seed)
         self._returns[i] = 0.0
         self._lengths[i] = 0
         return obs
 
+    def _env_error(self, i: int, doing: str, cause: BaseException | str, hint: str | None = None) -> EnvError:
+        """An :class:`EnvError` for env ``i`` of this VecEnv: what went wrong (an exception, or a
+        sentence), what it was doing ("" to leave out), and what to do (default: read its traceback)."""
+        what = cause if isinstance(cause, str) else f"raised {type(cause).__name__}: {cause}"
+        seed = self._seeds[i] if i < len(getattr(self, "_seeds", ())) else None
+        hint = hint or "its traceback is in the log"
+        where = {"env_id": self.env_id, "env_index": self.first_index + i, "seed": seed}
+        during = f" while {doing}" if doing else ""
+        return EnvError(detail=f"{what}{during}. This is a failure of the env, not of Embodied or the policy: {hint}.",
+                        where={k: v for k, v in where.items() if v is not None})
+
     # --- contract ------------------------------------------------------------------------------
     def reset(self, seed: int | Sequence[int] | None = None) -> Obs:
         rows = _Rows(self.num_envs)
-        for i, env_seed in enumerate(env_seeds(seed, self.num_envs)):
-            rows.set(i, self._reset_one(i, env_seed))
-        assert rows.arrays is not None
-        return rows.arrays
+        i = 0
+        try:
+            for i, env_seed in enumerate(env_seeds(seed, self.num_envs)):
+                rows.set(i, self._reset_one(i, env_seed))
+        except (UserError, KeyboardInterrupt):
+            raise
+        except Exception as err:
+            raise self._env_error(i, "resetting (reset())", err) from err
+        batch = rows.arrays
+        assert batch is not None
+        if not all_finite(batch.values()):
+            self._nonfinite_reset(rows)
+        self._last_obs = batch
+        return batch
 
     def step(self, actions: Any) -> StepResult:
         """One step is a chunk of one action: the same per-env loop, auto-reset and episode stats."""
@@ -150,33 +226,41 @@ class SerialVecEnv(VecEnv):
         episodes = EpisodeStats(np.zeros(n, bool), np.zeros(n, np.float32), np.zeros(n, np.int64), None)
         rows = _Rows(n)
         finals: _Rows | None = None  # final observations, once an episode ends
-        for i, (env, env_actions) in enumerate(zip(self.envs, actions)):
-            k = i * c
-            obs = None
-            for action in env_actions if chunked else (env_actions,):
-                obs, reward, term, trunc, info = env.step(action)
-                reward = float(reward)
-                returns[i] += reward
-                lengths[i] += 1
-                rewards[k] = reward
-                valid[k] = True
-                succ = success_of(info) if info else None
-                if succ is not None:
-                    self._has_success = True
-                    success[i] = succ
-                if term or trunc:
-                    terminated[k], truncated[k] = bool(term), bool(trunc)
-                    self._finish_episode(i, succ, episodes)
-                    if finals is None:
-                        finals = _Rows(n)
-                    finals.set(i, obs)
-                    obs = self._reset_one(i)
-                    break  # the rest of the chunk belonged to an episode that is over
-                k += 1
-            rows.set(i, obs)
+        i, doing = 0, "stepping (step())"
+        try:
+            for i, (env, env_actions) in enumerate(zip(self.envs, actions)):
+                k = i * c
+                obs = None
+                for action in env_actions if chunked else (env_actions,):
+                    obs, reward, term, trunc, info = env.step(action)
+                    reward = float(reward)
+                    returns[i] += reward
+                    lengths[i] += 1
+                    rewards[k] = reward
+                    valid[k] = True
+                    succ = success_of(info) if info else None
+                    if succ is not None:
+                        self._has_success = True
+                        success[i] = succ
+                    if term or trunc:
+                        terminated[k], truncated[k] = bool(term), bool(trunc)
+                        self._finish_episode(i, succ, episodes)
+                        if finals is None:
+                            finals = _Rows(n)
+                        finals.set(i, obs)
+                        doing = "resetting after its episode ended (reset())"
+                        obs = self._reset_one(i)
+                        doing = "stepping (step())"
+                        break  # the rest of the chunk belonged to an episode that is over
+                    k += 1
+                rows.set(i, obs)
+        except (UserError, KeyboardInterrupt):
+            raise
+        except Exception as err:
+            raise self._env_error(i, doing, err) from err
         batch = rows.arrays
         assert batch is not None
-        return (
+        out = [
             batch,
             np.array(rewards, np.float32),
             np.array(terminated, bool),
@@ -185,7 +269,79 @@ class SerialVecEnv(VecEnv):
             self._final(finals, episodes.done, batch),
             self._with_success(episodes),
             {"success": np.array(success, bool)} if self._has_success else {},
-        )
+        ]
+        # the hot path: one isfinite(...).all() per array; the rows are looked at only when it fails
+        if not all_finite([out[1], *batch.values(), *(out[5].values() if out[5] is not None else ())]):
+            self._nonfinite_step(rows, out, c)
+        self._last_obs = batch
+        return tuple(out)
+
+    # --- NaN / inf -----------------------------------------------------------------------------
+    def _nonfinite_step(self, rows: _Rows, out: list[Any], c: int) -> None:
+        """Raise for the first env whose step returned NaN/inf (``error``), or end those envs'
+        episodes (``drop``): in ``out`` (the result lists of ``_advance``), each such env's
+        decision becomes a time-limit cut at the observation it was made in (``final_obs``), with
+        reward 0, not a finished episode in the stats; the env is reset into ``obs``."""
+        n = self.num_envs
+        batch, rewards, terminated, truncated, valid, final_obs, episodes, info = out
+        named = {f"observation {k!r}": v for k, v in batch.items()}
+        named["reward"] = rewards
+        if final_obs is not None:
+            done = episodes.done  # rows of finals that are not done hold the current obs (checked above)
+            named.update({f"final observation {k!r}": np.where(_rows_mask(done, v), v, 0) for k, v in final_obs.items()})
+        bad, what = bad_rows(named, n)
+        if self.nonfinite == "error":
+            i = int(np.flatnonzero(bad)[0])
+            others = int(bad.sum()) - 1
+            also = f" ({others} other env(s) of this batch too)" if others else ""
+            raise self._env_error(
+                i, "", f"returned NaN/inf at step {self._lengths[i]} of its episode: its {what[i]}{also}",
+                "env.nonfinite=drop ends such episodes instead (counted in env/nonfinite_episodes)") from None
+        last = self._last_obs
+        if final_obs is None:
+            final_obs = out[5] = {k: v.copy() for k, v in batch.items()}
+        for i in np.flatnonzero(bad):
+            span = slice(i * c, (i + 1) * c)
+            rewards[span] = 0.0
+            terminated[span] = False
+            truncated[span] = False
+            truncated[i * c] = True
+            if valid is not None:
+                valid[span] = False
+                valid[i * c] = True
+            episodes.done[i] = False
+            for k, v in final_obs.items():
+                v[i] = last[k][i] if last is not None else 0
+            self.nonfinite_episodes += 1
+            log.warning("env %s (env index %d, seed %s): %s after %d steps of its episode; the episode is dropped "
+                        "(env.nonfinite=drop) and the env reset", self.env_id, self.first_index + i, self._seeds[i],
+                        what[int(i)], self._lengths[i])
+            rows.set(int(i), self._reset_finite(int(i)))
+        info[NONFINITE_INFO_KEY] = bad
+
+    def _reset_finite(self, i: int) -> Any:
+        """Reset env ``i`` (``drop``) and return its first observation, which must be finite."""
+        try:
+            obs = self._reset_one(i)
+        except (UserError, KeyboardInterrupt):
+            raise
+        except Exception as err:
+            raise self._env_error(i, "resetting after a non-finite step (reset())", err) from err
+        if not all_finite(obs_as_dict(obs).values()):
+            raise self._env_error(i, "resetting after a non-finite step (reset())", "returned NaN/inf again",
+                                  "env.nonfinite=drop cannot continue with an env whose reset is not finite")
+        return obs
+
+    def _nonfinite_reset(self, rows: _Rows) -> None:
+        """``reset`` returned NaN/inf: raise (``error``), or reset those envs once more (``drop``)."""
+        assert rows.arrays is not None
+        bad, what = bad_rows({f"observation {k!r}": v for k, v in rows.arrays.items()}, self.num_envs)
+        if self.nonfinite == "error":
+            i = int(np.flatnonzero(bad)[0])
+            raise self._env_error(i, "", f"returned NaN/inf from reset(): its {what[i]}",
+                                  "env.nonfinite=drop resets such envs once more instead") from None
+        for i in np.flatnonzero(bad):
+            rows.set(int(i), self._reset_finite(int(i)))
 
     def _finish_episode(self, i: int, success: bool | None, episodes: EpisodeStats) -> None:
         episodes.done[i] = True
@@ -228,3 +384,8 @@ class SerialVecEnv(VecEnv):
         self._closed = True
         for env in self.envs:
             env.close()
+
+
+def _rows_mask(rows: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """(N,) row flags broadcast against an (N, ...) array."""
+    return rows.reshape((-1,) + (1,) * (like.ndim - 1))

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from embodied.config import apply_overrides, load_yaml, parse_override
-from embodied.errors import UserError
-from embodied.logs import console_logging
+from embodied.errors import FailureContext, UserError
+from embodied.logs import console_logging, debug_enabled, report_failure, write_traceback_file
 from embodied.runtime.cluster import apply_torch_process_env
+from embodied.runtime.watchdog import start_watchdog
 
 apply_torch_process_env()  # before anything loads torch: the driver runs policies too
 
@@ -78,6 +79,9 @@ def cmd_train(args: list[str]) -> int:
     from pipelines.runner import Runner
     from pipelines.workflow import WORKFLOWS
 
+    # Before any process of the run starts: a killed driver (kill -9, the OOM killer) leaves no
+    # Ray processes, workers or env processes behind (embodied.runtime.watchdog).
+    start_watchdog()
     cfg = build_train_config(args)
     spaces = preflight(cfg)  # env id, policy vs action space: fail before a run dir is touched
     workflow = WORKFLOWS.get(cfg.workflow).build(cfg)
@@ -156,19 +160,41 @@ def all_recipe_configs() -> dict[str, Any]:
 
 
 def cmd_recipes(args: list[str]) -> int:
+    """The bundled recipes; with ``--all`` also every registered policy, env adapter, algorithm,
+    advantage estimator and workflow (what ``policy.name``, ``env.adapter``, ``algo.name``,
+    ``algo.adv_estimator`` and a recipe's ``workflow`` accept)."""
     from pipelines.recipes import DEFAULT_RECIPE, RECIPES
 
-    width = max(len(n) for n in RECIPES.names())
-    for name in RECIPES.names():
-        mark = " (default)" if name == DEFAULT_RECIPE else ""
-        print(f"{name:<{width}}  {RECIPES.doc(name)}{mark}")
+    sections: list[tuple[str, Any, str]] = [("recipes", RECIPES, DEFAULT_RECIPE)]
+    if "--all" in args:
+        import policies.models  # noqa: F401  (registers the built-in policies)
+        from embodied.algorithms import AlgoConfig
+        from embodied.algorithms.base import ALGORITHMS, build_algorithm
+        from embodied.rl import ADVANTAGE_ESTIMATORS
+        from envs.registry import ADAPTERS, load_builtin_adapters as load_adapters
+        from pipelines.workflow import WORKFLOWS, schema_of
+        from policies.registry import POLICIES
+
+        build_algorithm(AlgoConfig())  # registers the built-in algorithms
+        load_adapters()
+        schema_of({})  # registers the built-in workflows
+        sections += [("policies (policy.name)", POLICIES, ""), ("env adapters (env.adapter)", ADAPTERS, ""),
+                     ("algorithms (algo.name)", ALGORITHMS, ""), ("advantage estimators (algo.adv_estimator)", ADVANTAGE_ESTIMATORS, ""),
+                     ("workflows (a recipe's workflow)", WORKFLOWS, "")]
+    for title, registry, default in sections:
+        if len(sections) > 1:
+            print(f"{title}:")
+        width = max(len(n) for n in registry.names())
+        for name in registry.names():
+            mark = " (default)" if name == default else ""
+            print(f"{'  ' if len(sections) > 1 else ''}{name:<{width}}  {registry.doc(name)}{mark}")
     return 0
 
 
 COMMANDS = {
     "train": (cmd_train, "train a policy: embodied train [RECIPE] [key=value ...]"),
     "eval": (cmd_eval, "evaluate a run or checkpoint: embodied eval PATH [episodes=N]"),
-    "recipes": (cmd_recipes, "list the bundled recipes"),
+    "recipes": (cmd_recipes, "list the bundled recipes (--all: also policies, env adapters, algorithms, workflows)"),
     "config": (cmd_config, "document the config: embodied config RECIPE [KEY] [key=value ...]"),
 }
 
@@ -200,6 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("embodied: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # before or outside a run: a corrupt checkpoint (4), an env failing (3), a bug (1)
+        if debug_enabled():
+            raise
+        return report_failure(exc, FailureContext(doing=f"preparing `embodied {ns.command}`",
+                                                  log_path=write_traceback_file(exc)))
 
 
 if __name__ == "__main__":

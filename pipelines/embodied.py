@@ -14,6 +14,7 @@ shared initial states.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import deque
@@ -36,6 +37,7 @@ from policies.registry import build_policy
 from scheduler import PlanResult, Profile
 from scheduler import Workflow as PlannerWorkflow
 
+LOG = logging.getLogger("embodied")
 RETURN_WINDOW = 20
 MIN_THREAD_SCALING = 0.3  # fitted parallel efficiency below which extra cores get no threads
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LP_NUM_THREADS")
@@ -121,14 +123,15 @@ class EmbodiedWorkflow(Workflow):
         self._connect(layout)
 
     def _connect(self, layout: Layout) -> None:
-        self.obs_channel = Channel("observations", self.rollout)
-        self.action_channel = Channel("actions", self.env, route=BlockRoute(layout.num_chunks))
-        self.traj_channel = Channel("trajectories", self.trainer)
+        self.obs_channel = Channel("observations", self.rollout, source="env")
+        self.action_channel = Channel("actions", self.env, route=BlockRoute(layout.num_chunks), source="rollout")
+        # the trainer waits for a whole collection's batch: a phase, not one message
+        self.traj_channel = Channel("trajectories", self.trainer, phase=True, source="rollout")
 
     def apply(self, layout: Layout) -> None:
         env_p, roll_p, trainer_p = self._pinnings(layout, self.profile_)
         wait_all(
-            self.env.call("configure", layout.num_chunks, env_p),
+            self.env.call("configure", layout.num_chunks, env_p).as_phase(),  # rebuilds the envs
             self.rollout.call("configure", layout.num_chunks, roll_p),
             self.trainer.call("configure", trainer_p, self._trainer_offloads(layout)),
         )
@@ -146,8 +149,8 @@ class EmbodiedWorkflow(Workflow):
         self.rollout.call("load_weights", weights.handle(0)).wait()
         t_sync = time.perf_counter()
         T = cfg.algo.rollout_steps
-        env_f = self.env.call("interact", T, self.obs_channel, self.action_channel, iteration)
-        roll_f = self.rollout.call("generate", T, self.obs_channel, self.action_channel, self.traj_channel)
+        env_f = self.env.call("interact", T, self.obs_channel, self.action_channel, iteration).as_phase()
+        roll_f = self.rollout.call("generate", T, self.obs_channel, self.action_channel, self.traj_channel).as_phase()
         overlap = cfg.algo.staleness > 0
         train_f = self._train_call(lr) if overlap and self.pending else None
         wait_all(env_f, roll_f)
@@ -164,6 +167,10 @@ class EmbodiedWorkflow(Workflow):
         episodes = [e for out in env_out for e in out["episodes"]]
         self.recent.extend(episodes)
         steps = sum(int(out["env_steps"]) for out in env_out)  # taken (action chunks may end early)
+        nonfinite = sum(int(out.get("nonfinite_episodes", 0)) for out in env_out)
+        if nonfinite:
+            LOG.warning(f"[embodied] {nonfinite} episode(s) ended on NaN/inf from the env in iteration {iteration + 1} "
+                        "(env.nonfinite=drop); the env workers' logs name them")
         plan = self.layout.plan
         metrics: dict[str, Any] = {
             "steps": steps,
@@ -176,6 +183,7 @@ class EmbodiedWorkflow(Workflow):
             "time/iteration_s": t_train - t0,
             "time/sim_s": float(np.mean([o["sim_s"] for o in env_out])),
             "time/infer_s": float(np.mean([o["infer_s"] for o in roll_out])),
+            "env/nonfinite_episodes": nonfinite,
             "plan/chunks": plan.num_chunks,
             "plan/mode": plan.mode,
             "plan/predicted_iteration_s": plan.predicted_iteration_s if self.profile_ is not None else None,
@@ -192,7 +200,7 @@ class EmbodiedWorkflow(Workflow):
             self.pending = False
 
     def _train_call(self, lr: float) -> GroupFuture:
-        return self.trainer.call("train", self.traj_channel, self.rollout.num_ranks, lr)
+        return self.trainer.call("train", self.traj_channel, self.rollout.num_ranks, lr).as_phase()
 
     def _episode_metrics(self, episodes: list[dict[str, float]]) -> dict[str, Any]:
         window = list(self.recent)

@@ -25,7 +25,7 @@ import torch
 from embodied.config import to_dict
 from embodied.offload import Offloader
 from embodied.profiler import Probe, cache_key, hardware_fingerprint, load_cached, store_cached, time_call
-from embodied.runtime import Channel, Cluster, RankResources, Worker, WorkerGroup, wait_all
+from embodied.runtime import Channel, Cluster, RankResources, Worker, WorkerGroup, WorkerTimeout, wait_all
 from envs.base import to_numpy
 from envs.multiprocess import MultiprocessVecEnv
 from envs.registry import make_vec_env
@@ -60,7 +60,9 @@ def workflow_of(cfg: EmbodiedConfig) -> Workflow:
 def _setup_key(cfg: EmbodiedConfig, backend: str) -> dict[str, Any]:
     """What a profile depends on (besides the hardware)."""
     return {
-        "env": to_dict(dataclasses.replace(cfg.env, num_procs=0, worker_spin_us=0)),  # probes never spin
+        # probes never spin; failure handling and timeouts do not change what a step costs
+        "env": {k: v for k, v in to_dict(dataclasses.replace(cfg.env, num_procs=0, worker_spin_us=0)).items()
+                if k not in ("nonfinite", "timeout_s", "start_timeout_s")},
         "policy": to_dict(cfg.policy),
         "minibatch": workflow_of(cfg).train_minibatch,
         "backend": backend,
@@ -86,44 +88,40 @@ def _obs_mib_per_env(obs: dict[str, Any]) -> float:
 ENV_PROBE_WARMUP, ENV_PROBE_REPEATS = 3, 8
 
 
-def probe_env(
-    cfg: EmbodiedConfig, cores: int, log: Callable[[str], None] = print,
-) -> tuple[Probe, dict[str, np.ndarray], Any, Any, Any]:
-    """Time one VecEnv.step at chunk sizes N, N/2, N/4 (one process) and N over all cores.
+@dataclasses.dataclass
+class ShapeMeasurement:
+    """One probed shape of the env probe: the median seconds per step (or chunk), whether the env
+    runs processes, and, for the first shape measured, its reset observation (instructions
+    included) and spaces."""
 
-    The env probe of ``profile_embodied``, usable on its own. With ``N = cfg.env.num_envs``, each
-    shape ``(batch, processes)`` is stepped ``ENV_PROBE_WARMUP`` times untimed, then
-    ``ENV_PROBE_REPEATS`` times timed; the probe's sample is the median seconds per step (or per
-    chunk with ``policy.action_chunk > 1``). The multi-process shape ``(N, min(cores, N))`` is added
-    only when the configured backend runs processes and ``cores > 1``.
+    seconds: float
+    multiprocess: bool
+    obs: dict[str, np.ndarray] | None = None
+    observation_space: Any = None
+    action_space: Any = None
 
-    Between two timed steps the policy infers on the step's observation, as the rollout does in
-    the pipeline: env processes that idle between steps wake slower than ones stepped back to back.
-    Env processes never spin-wait here (``worker_spin_us=0``).
 
-    Returns ``(probe, obs, observation_space, action_space, policy)``: the ``Probe("env")`` with
-    samples ``(batch, processes, seconds)``, the reset observation of the first (smallest) probed
-    batch (instructions included, ``(ceil(N/4), ...)`` per key), the env's spaces, and the
-    inference-mode policy built from ``cfg.policy``. ``log`` receives one line per probed shape.
-    """
-    probe = Probe("env")
-    n = cfg.env.num_envs
-    obs_sample = action_space = obs_space = None
-    policy = None
-    shapes = [(b, 1) for b in _probe_sizes(n)]
-    for b, procs in shapes:  # grows by one multi-process probe when the backend runs processes
+class EnvProbe:
+    """Measures one shape ``(batch, processes)`` of the env probe at a time (see :func:`probe_env`):
+    in this process, or inside an :class:`EnvProbeWorker` whose calls the driver bounds."""
+
+    def __init__(self, cfg: EmbodiedConfig) -> None:
+        self.cfg = cfg
+        self.policy: Any = None  # infers between steps, as the rollout does
+
+    def measure(self, b: int, procs: int) -> ShapeMeasurement:
+        cfg = self.cfg
         # No spin-waiting in env processes: in the pipeline a policy runs between steps and the
         # processes block (what the prediction must cost).
         env_cfg = dataclasses.replace(cfg.env, num_envs=b, num_procs=procs, worker_spin_us=0)
         env = make_vec_env(env_cfg, seed=cfg.seed)
-        if isinstance(env, MultiprocessVecEnv) and cores > 1 and n > 1 and (n, min(cores, n)) not in shapes:
-            shapes.append((n, min(cores, n)))
         try:
             instructions = None if env.instructions is None else np.asarray(env.instructions, dtype=str)
             obs = with_instructions(env.reset(seed=cfg.seed), instructions)
-            if obs_sample is None:
-                obs_sample, obs_space, action_space = obs, env.observation_space, env.action_space
-                policy = build_policy(cfg.policy, obs_space, action_space).eval()
+            first = self.policy is None
+            if first:
+                self.policy = build_policy(cfg.policy, env.observation_space, env.action_space).eval()
+            policy = self.policy
             rng = np.random.default_rng(0)
             space = env.action_space
             chunk = cfg.policy.action_chunk  # a worker's call: one step, or chunk_step of C actions
@@ -145,13 +143,95 @@ def probe_env(
             for _ in range(ENV_PROBE_WARMUP):
                 step()
             seconds = float(np.median([step() for _ in range(ENV_PROBE_REPEATS)]))
+            if first:
+                return ShapeMeasurement(seconds, isinstance(env, MultiprocessVecEnv), obs, env.observation_space,
+                                        env.action_space)
+            return ShapeMeasurement(seconds, isinstance(env, MultiprocessVecEnv))
         finally:
             env.close()
-        probe.add(b, procs, seconds)
-        log(f"  env     batch {b:>4} on {procs} core(s): {seconds * 1e3:8.2f} ms/{'step' if cfg.policy.action_chunk == 1 else 'chunk'}")
+
+
+class EnvProbeWorker(Worker):
+    """Runs the env probe in a worker process, so that an env whose constructor, reset or step
+    hangs during profiling is a timeout of one call (``cluster.timeout_s`` per probed shape), and
+    is killed with the worker, instead of a driver that hangs."""
+
+    def __init__(self, cfg: EmbodiedConfig) -> None:
+        torch.set_num_threads(1)
+        self.probe = EnvProbe(cfg)
+
+    def measure(self, b: int, procs: int) -> ShapeMeasurement:
+        return self.probe.measure(b, procs)
+
+
+def probe_env(
+    cfg: EmbodiedConfig, cores: int, log: Callable[[str], None] = print,
+    measure: Callable[[int, int], ShapeMeasurement] | None = None,
+) -> tuple[Probe, dict[str, np.ndarray], Any, Any, Any]:
+    """Time one VecEnv.step at chunk sizes N, N/2, N/4 (one process) and N over all cores.
+
+    The env probe of ``profile_embodied``, usable on its own. With ``N = cfg.env.num_envs``, each
+    shape ``(batch, processes)`` is stepped ``ENV_PROBE_WARMUP`` times untimed, then
+    ``ENV_PROBE_REPEATS`` times timed; the probe's sample is the median seconds per step (or per
+    chunk with ``policy.action_chunk > 1``). The multi-process shape ``(N, min(cores, N))`` is added
+    only when the configured backend runs processes and ``cores > 1``.
+
+    Between two timed steps the policy infers on the step's observation, as the rollout does in
+    the pipeline: env processes that idle between steps wake slower than ones stepped back to back.
+    Env processes never spin-wait here (``worker_spin_us=0``).
+
+    ``measure(batch, processes)`` measures one shape (default: :meth:`EnvProbe.measure` in this
+    process; ``profile_embodied`` runs it in an :class:`EnvProbeWorker`).
+
+    Returns ``(probe, obs, observation_space, action_space, policy)``: the ``Probe("env")`` with
+    samples ``(batch, processes, seconds)``, the reset observation of the first (smallest) probed
+    batch (instructions included, ``(ceil(N/4), ...)`` per key), the env's spaces, and an
+    inference-mode policy built from ``cfg.policy``. ``log`` receives one line per probed shape.
+    """
+    measure = measure or EnvProbe(cfg).measure
+    probe = Probe("env")
+    n = cfg.env.num_envs
+    obs_sample = action_space = obs_space = None
+    policy = None
+    shapes = [(b, 1) for b in _probe_sizes(n)]
+    for b, procs in shapes:  # grows by one multi-process probe when the backend runs processes
+        m = measure(b, procs)
+        if m.multiprocess and cores > 1 and n > 1 and (n, min(cores, n)) not in shapes:
+            shapes.append((n, min(cores, n)))
+        if obs_sample is None:
+            obs_sample, obs_space, action_space = m.obs, m.observation_space, m.action_space
+            policy = build_policy(cfg.policy, obs_space, action_space).eval()
+        probe.add(b, procs, m.seconds)
+        log(f"  env     batch {b:>4} on {procs} core(s): {m.seconds * 1e3:8.2f} ms/{'step' if cfg.policy.action_chunk == 1 else 'chunk'}")
     if not any(procs > 1 for _, procs in shapes):
         probe.scaling_exponent = 0.0  # one process cannot use more cores: more devices do not help
     return probe, obs_sample, obs_space, action_space, policy
+
+
+def _probe_env_in_a_worker(cfg: EmbodiedConfig, cluster: Cluster, cores: int, log) -> tuple[Probe, Any, Any, Any, Any]:
+    """:func:`probe_env` with every shape measured in an :class:`EnvProbeWorker` (Ray backend):
+    each call waits at most ``cluster.timeout_s``, so an env that hangs while being profiled
+    ends the run with a timeout naming the env and the key."""
+    group = WorkerGroup(cluster, EnvProbeWorker, 1, cfg, name="profile-env", resources=RankResources(0.01))
+
+    def measure(b: int, procs: int) -> ShapeMeasurement:
+        try:
+            return group.call("measure", b, procs).result()
+        except WorkerTimeout as err:
+            seconds = group.timeout_s
+            raise WorkerTimeout(
+                err.group, err.rank, err.method,
+                f"profiling env {cfg.env.id}: the env probe (build {b} env(s) in {procs} process(es), reset with seed "
+                f"{cfg.seed}, {ENV_PROBE_WARMUP + ENV_PROBE_REPEATS} steps) got no answer within {seconds:g} s "
+                "(cluster.timeout_s): the env's constructor, reset or step may hang. Its log says where; raise "
+                "cluster.timeout_s if the env is just that slow, or skip profiling with plan.profile=false",
+                where={k: v for k, v in err.where.items() if k not in ("group", "rank")},
+            ) from None
+
+    try:
+        return probe_env(cfg, cores, log, measure)
+    finally:
+        group.shutdown()
 
 
 def _probe_rollout(cfg: EmbodiedConfig, policy, obs, cores: int, log) -> Probe:
@@ -305,7 +385,10 @@ def profile_embodied(cfg: EmbodiedConfig, cluster: Cluster, force: bool = False,
             return Profile.from_dict(cached)
     log(f"[m2flow] profiling env, rollout and trainer on {cores} cores ...")
     t0 = time.perf_counter()
-    env_probe, obs, obs_space, action_space, policy = probe_env(cfg, cores, log)
+    if cluster.backend == "ray":  # a hanging env is a timeout of the worker, not a hanging driver
+        env_probe, obs, obs_space, action_space, policy = _probe_env_in_a_worker(cfg, cluster, cores, log)
+    else:
+        env_probe, obs, obs_space, action_space, policy = probe_env(cfg, cores, log)
     rollout_probe = _probe_rollout(cfg, policy, obs, cores, log)
     trainer_policy = build_policy(cfg.policy, obs_space, action_space)
     trainer_probe, offload_s, onload_s = _probe_trainer(cfg, trainer_policy, obs, action_space, cores, log)

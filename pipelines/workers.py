@@ -29,11 +29,14 @@ import numpy as np
 import torch
 
 from embodied.algorithms import build_algorithm, build_optimizer
+from embodied.errors import EnvError
 from embodied.offload import Offloader
 from embodied.rl import TrajectoryBatch
 from embodied.runtime import Channel, Worker
 from embodied.runtime.weights import WeightPayload, WeightSyncer
 from embodied.seeding import RngStream, seed_everything
+from envs.base import to_numpy
+from envs.nonfinite import NONFINITE_INFO_KEY
 from envs.registry import make_vec_env
 from pipelines.collect import EnvOutput, TrajectoryRecorder, env_output, resolve_device, with_instructions
 from pipelines.config import EmbodiedConfig
@@ -111,14 +114,26 @@ class EnvWorker(Worker):
 
     def interact(self, num_steps: int, obs_channel: Channel, action_channel: Channel, iteration: int = 0) -> dict[str, Any]:
         """Run ``num_steps`` decisions of every chunk; returns the episodes that finished, the
-        seconds spent simulating and the env steps taken. Grouped (GRPO): every chunk first resets
-        its envs in groups (see :func:`group_seeds`)."""
+        seconds spent simulating, the env steps taken and the episodes ``env.nonfinite=drop``
+        ended (whose last step is not counted). Grouped (GRPO): every chunk first resets its envs
+        in groups (see :func:`group_seeds`). An env's failure names its index over all env workers."""
+        self._current_chunk = 0
+        try:
+            return self._interact(num_steps, obs_channel, action_channel, iteration)
+        except EnvError as err:  # a chunk's VecEnv counts its envs from 0: name the env over all env workers
+            if "env_index" in err.where:
+                err.where["env_index"] += self.first[self._current_chunk]
+            raise
+
+    def _interact(self, num_steps: int, obs_channel: Channel, action_channel: Channel, iteration: int) -> dict[str, Any]:
         episodes: list[dict[str, float]] = []
         sim_s = 0.0
         env_steps = 0
+        nonfinite = 0
         chunked = self.cfg.policy.action_chunk > 1
         keys = [self.rank * self.num_chunks + c for c in range(self.num_chunks)]
         for c, env in enumerate(self.envs):
+            self._current_chunk = c
             group_ids = None
             if self.grouped:
                 seeds, group_ids = group_seeds(self.cfg, self.first[c], env.num_envs, iteration)
@@ -138,15 +153,19 @@ class EnvWorker(Worker):
                 if actions is None:  # the rollout needs no more steps of this chunk (GRPO: episodes over)
                     active.remove(c)
                     continue
+                self._current_chunk = c
                 t0 = time.perf_counter()
                 res = env.chunk_step(actions) if chunked else env.step(actions)
                 sim_s += time.perf_counter() - t0
                 out = env_output(res, self.instructions[c])
-                env_steps += int(out.valid.sum())
+                dropped = res.info.get(NONFINITE_INFO_KEY)
+                lost = 0 if dropped is None else int(to_numpy(dropped).sum())
+                nonfinite += lost
+                env_steps += int(out.valid.sum()) - lost  # a dropped episode's last step is not a real one
                 self.obs[c] = res.obs
                 episodes.extend(res.episodes.finished())
                 obs_channel.put(keys[c], out)
-        return {"episodes": episodes, "sim_s": sim_s, "env_steps": env_steps}
+        return {"episodes": episodes, "sim_s": sim_s, "env_steps": env_steps, "nonfinite_episodes": nonfinite}
 
     def close(self) -> None:
         for env in self.envs:

@@ -11,7 +11,7 @@ class PolicyConfig:
     """Which model acts, and its size."""
 
     name: str = "mlp"
-    """Registered policy (``embodied recipes --policies`` lists them): ``mlp``, ``cnn``, ..."""
+    """Registered policy (``embodied recipes --all`` lists them): ``mlp``, ``cnn``, ..."""
     hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
     """Widths of the hidden layers of the actor and critic MLPs."""
     activation: str = "tanh"

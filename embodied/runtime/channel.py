@@ -48,12 +48,25 @@ class Channel:
         consumers: WorkerGroup,
         route: Callable[[Any, int], int] = default_route,
         timeout_s: float | None = None,
+        *,
+        phase: bool = False,
+        source: str | None = None,
     ) -> None:
+        """``timeout_s``: longest wait of a ``get`` (default ``cluster.timeout_s``: one message;
+        with ``phase``, ``cluster.phase_timeout_s``: items that take a whole phase to produce,
+        such as a rollout's batch). ``source``: the producing worker group, named when a wait
+        times out."""
         self.name = name
         self.group = consumers.name
         self.num_ranks = consumers.num_ranks
         self.route = route
-        self.timeout_s = timeout_s if timeout_s is not None else consumers.timeout_s
+        self.source = source
+        if timeout_s is not None:
+            self.timeout_s, self.timeout_key = timeout_s, "the timeout given to this channel"
+        elif phase:
+            self.timeout_s, self.timeout_key = consumers.phase_timeout_s, "cluster.phase_timeout_s"
+        else:
+            self.timeout_s, self.timeout_key = consumers.timeout_s, "cluster.timeout_s"
         self._endpoints = consumers.endpoints()
         self._init_producer()
 
@@ -98,11 +111,18 @@ class Channel:
 
     def get(self, key: Any, timeout_s: float | None = None) -> Any:
         """Pop the next item for ``key``; must be called on the rank that owns ``key``."""
-        return self._mailbox(key).get(self.name, key, None, timeout_s or self.timeout_s)
+        return self._get(key, None, timeout_s)
 
     def get_batch(self, key: Any, n: int, timeout_s: float | None = None) -> list[Any]:
         """Pop the next ``n`` items for ``key`` (waits until all ``n`` arrived)."""
-        return self._mailbox(key).get(self.name, key, n, timeout_s or self.timeout_s)
+        return self._get(key, n, timeout_s)
+
+    def _get(self, key: Any, n: int | None, timeout_s: float | None) -> Any:
+        if timeout_s is None:
+            timeout_s, timeout_key = self.timeout_s, self.timeout_key
+        else:
+            timeout_key = "the timeout given to this get"
+        return self._mailbox(key).get(self.name, key, n, timeout_s, timeout_key, self.source)
 
     def _mailbox(self, key: Any):
         rank = self.owner(key)

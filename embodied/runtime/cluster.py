@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from embodied import logs
+from embodied.runtime.watchdog import RUN_TOKEN_ENV
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +61,55 @@ class ClusterConfig:
     num_gpus: int | None = None
     """GPUs given to a local Ray (default: all visible CUDA devices)."""
     dashboard: bool = False
-    """Start Ray's dashboard (bound to 127.0.0.1 only)."""
-    timeout_s: float = 600.0
-    """Upper bound on any single wait for a worker call or channel message; a stuck run fails
-    with an error naming the worker instead of hanging."""
+    """Start Ray's dashboard (bound to 127.0.0.1 only). Needs Ray's dashboard packages
+    (``pip install "ray[default]"`` of the installed Ray version); checked when the config is read."""
+    timeout_s: float = 120.0
+    """Longest wait for one message on a channel (an env step's output, a decision's actions)
+    or one call that is not a whole phase (weights, state, spaces, one shape of the env probe).
+    A stuck worker then fails the run with a message naming it and this key, instead of hanging.
+    Above ``env.timeout_s``, so an env process's own message comes first; far above the slowest
+    single step we know (a LIBERO or ManiSkill reset with asset loading: seconds; a VLA's
+    inference: about a second)."""
+    start_timeout_s: float = 600.0
+    """Longest wait for a worker group to start: Ray starting the process, imports (torch, a
+    simulator), building envs and models (a VLA's weights from disk), and free CPUs/GPUs for it."""
+    phase_timeout_s: float = 3600.0
+    """Longest wait for a call that is a whole phase of an iteration: collecting its rollouts,
+    training on them (a VLA's epochs take many minutes), rebuilding the envs for a new plan; and
+    for a message that takes a phase to produce (the rollout's batch for the trainer). Hangs
+    inside a phase are caught sooner by the ``timeout_s`` of each message."""
+
+    def __post_init__(self) -> None:
+        problems = [f"cluster.{key} must be > 0 seconds (got {getattr(self, key)})"
+                    for key in ("timeout_s", "start_timeout_s", "phase_timeout_s") if not getattr(self, key) > 0]
+        if self.dashboard and self.address is None:
+            missing = dashboard_missing()
+            if missing is not None:
+                problems.append(
+                    f"cluster.dashboard=true needs Ray's dashboard, which is not installed here ({missing}): install it "
+                    f"with `pip install \"ray[default]=={_ray_version()}\"`, or set cluster.dashboard=false "
+                    "(ray.util.list_named_actors() lists the workers without it)")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+def dashboard_missing() -> str | None:
+    """Why Ray's dashboard cannot start here (its optional packages, ``ray[default]``, missing),
+    or None when it can."""
+    try:
+        import ray.dashboard.optional_deps  # noqa: F401  (what ray.init imports to start it)
+    except ImportError as err:
+        return str(err)
+    return None
+
+
+def _ray_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ray")
+    except PackageNotFoundError:
+        return "<your Ray version>"
 
 
 #: Where a local Ray listens (loopback only).
@@ -98,6 +144,8 @@ class Cluster:
             env_vars[logs.DEBUG_ENV] = "1"
         if self.run_dir is not None:  # any Ray worker of this job knows where the run's logs go
             env_vars[logs.RUN_DIR_ENV] = str(self.run_dir.resolve())
+        if os.environ.get(RUN_TOKEN_ENV):  # the watchdog finds the workers by it (also on a joined cluster)
+            env_vars[RUN_TOKEN_ENV] = os.environ[RUN_TOKEN_ENV]
         run_log = logs.current_run_log()
         if run_log is not None:
             run_log.adopt_ray_loggers()  # Ray's own messages (its token-auth notice) -> the log file

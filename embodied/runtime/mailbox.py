@@ -34,8 +34,11 @@ class Mailbox:
                 self._next_seq[stream] += 1
             self._cond.notify_all()
 
-    def get(self, channel: str, key: Any, n: int | None, timeout_s: float) -> Any:
-        """Pop one item (``n`` None) or a list of ``n`` items from ``(channel, key)``."""
+    def get(self, channel: str, key: Any, n: int | None, timeout_s: float, timeout_key: str = "cluster.timeout_s",
+            source: str | None = None) -> Any:
+        """Pop one item (``n`` None) or a list of ``n`` items from ``(channel, key)``; a
+        :class:`ChannelTimeout` naming ``timeout_key`` (the config key of ``timeout_s``) and the
+        ``source`` (the producing worker group, when known) after ``timeout_s``."""
         want = 1 if n is None else n
         deadline = time.monotonic() + timeout_s
         with self._cond:
@@ -43,9 +46,13 @@ class Mailbox:
             while len(queue) < want:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    sender = f"worker group {source}" if source else "the worker that sends on it"
+                    got = f" ({len(queue)} of {want} items came)" if want > 1 else ""
                     raise ChannelTimeout(
-                        f"channel {channel!r} key {key!r}: waited {timeout_s:.0f} s for {want} item(s), "
-                        f"got {len(queue)}; is the producer alive?"
+                        f"channel {channel!r} key {key!r}: no answer within {timeout_s:g} s ({timeout_key}){got}. "
+                        f"{sender[0].upper() + sender[1:]} is stuck or dead (an env step or a policy that hangs, a "
+                        f"deadlock): its log says more."
+                        + (f" Raise {timeout_key} if it is just slow." if timeout_key.startswith("cluster.") else "")
                     )
                 self._cond.wait(remaining)
             items = [queue.popleft() for _ in range(want)]

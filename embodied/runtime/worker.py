@@ -7,7 +7,11 @@ the same in both.
 
 Calls return a :class:`GroupFuture`; :func:`wait_all` waits on several with a timeout and fails
 fast: the first worker that raises (or dies) stops the wait with a :class:`WorkerError` naming the
-group, the rank, the method, the node and pid, and the original exception.
+group, the rank, the method, the node and pid, and the original exception. A wait on a call is
+bounded by ``cluster.timeout_s``, or ``cluster.phase_timeout_s`` for a call that is a whole phase
+of an iteration (:meth:`GroupFuture.as_phase`); a group's start by ``cluster.start_timeout_s``.
+The timeout's message names the seconds and the key. The user's env failing inside a worker
+(:class:`~embodied.errors.EnvError`) arrives as a :class:`WorkerEnvError`: "The env failed".
 
 On Ray every rank is an actor whose class is named after the worker class (process title
 ``ray::EnvWorker``, ``ray::EnvWorker.call`` while it runs a call) and whose actor name is
@@ -22,6 +26,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import os
+import re
 import socket
 import time
 import traceback
@@ -31,7 +36,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from embodied import logs
-from embodied.errors import ExitCode, UserError, WorkerFailure, exit_code_of, first_paragraph, storage_error
+from embodied.errors import EnvError, ExitCode, UserError, WorkerFailure, exit_code_of, first_paragraph, storage_error
 from embodied.runtime.cluster import Cluster
 from embodied.runtime.mailbox import Mailbox, register_mailbox
 
@@ -76,6 +81,18 @@ class WorkerError(WorkerFailure):
 
 class WorkerUserError(UserError):
     """A user error (bad config, unknown env id) raised inside a worker."""
+
+
+class WorkerEnvError(WorkerError):
+    """The user's env failed inside a worker (an :class:`~embodied.errors.EnvError` there): it
+    raised, returned NaN/inf, or its env process died or hung. Its paragraph reads "The env
+    failed" with the env's own message (env id, index, seed), not a worker's or Embodied's bug."""
+
+    headline = "The env failed"
+
+    @property
+    def summary(self) -> str:
+        return first_paragraph(self.what)
 
 
 class WorkerTimeout(WorkerError):
@@ -128,6 +145,7 @@ class _Failure:
         self.type_name = type(exc).__name__
         self.message = str(exc)
         self.is_user_error = isinstance(exc, UserError)
+        self.is_env_error = isinstance(exc, EnvError)
         self.exit_code = exit_code_of(exc)  # a full disk in a worker is still a storage failure (4)
         self.traceback = "".join(traceback.format_exception(exc))
         here = Location.here()
@@ -277,7 +295,19 @@ class GroupFuture:
     timeout_s: float
     locations: list[Location | None] | None = field(default=None, repr=False)
     """Where each of ``ranks`` runs (None: not known yet)."""
+    timeout_key: str = "cluster.timeout_s"
+    """The config key of ``timeout_s``, named when the wait times out."""
+    phase_timeout_s: float | None = field(default=None, repr=False)
+    """``cluster.phase_timeout_s`` (see :meth:`as_phase`)."""
     _results: list[Any] | None = field(default=None, repr=False)
+
+    def as_phase(self) -> GroupFuture:
+        """Mark this call as a whole phase of an iteration (collecting rollouts, training,
+        rebuilding envs): waits on it are bounded by ``cluster.phase_timeout_s`` instead of
+        ``cluster.timeout_s``. Returns the future itself."""
+        if self.phase_timeout_s is not None:
+            self.timeout_s, self.timeout_key = self.phase_timeout_s, "cluster.phase_timeout_s"
+        return self
 
     def wait(self, timeout_s: float | None = None) -> list[Any]:
         """Results in rank order; raises WorkerError if any rank failed."""
@@ -314,9 +344,15 @@ def _check(fut: GroupFuture, i: int, value: Any) -> Any:
     if isinstance(value, _Failure):
         if value.is_user_error:
             raise WorkerUserError(f"{value.message} (raised in worker {fut.group}[rank {fut.ranks[i]}])")
+        where = {**fut.where(i), **value.where}
+        if value.is_env_error:  # the env's message names it; a hang keeps its exit code (5)
+            err: WorkerError = WorkerEnvError(fut.group, fut.ranks[i], fut.method, value.message, value.traceback, where)
+            if value.exit_code == ExitCode.TIMEOUT:
+                err.exit_code, err.headline = ExitCode.TIMEOUT, "Timed out"
+            raise err
         err_cls = WorkerTimeout if value.exit_code == ExitCode.TIMEOUT else WorkerError
         err = err_cls(fut.group, fut.ranks[i], fut.method, f"{value.type_name}: {value.message}", value.traceback,
-                      where={**fut.where(i), **value.where})
+                      where=where)
         if value.exit_code == ExitCode.STORAGE:
             err.exit_code, err.headline = ExitCode.STORAGE, "Storage failed"
         raise err
@@ -329,12 +365,16 @@ def wait_all(*futures: GroupFuture, timeout_s: float | None = None) -> None:
     pending = [f for f in futures if f._results is None]
     if not pending:
         return
-    timeout = timeout_s if timeout_s is not None else max(f.timeout_s for f in pending)
+    if timeout_s is not None:
+        timeout, key = timeout_s, "the timeout given to this wait"
+    else:
+        longest = max(pending, key=lambda f: f.timeout_s)
+        timeout, key = longest.timeout_s, longest.timeout_key
     deadline = time.monotonic() + timeout
     if pending[0].backend == "ray":
-        _wait_ray(pending, deadline, timeout)
+        _wait_ray(pending, deadline, _no_answer(timeout, key))
     else:
-        _wait_local(pending, deadline, timeout)
+        _wait_local(pending, deadline, _no_answer(timeout, key))
 
 
 def _owner(pending: list[GroupFuture], item: Any) -> tuple[GroupFuture, int]:
@@ -345,11 +385,14 @@ def _owner(pending: list[GroupFuture], item: Any) -> tuple[GroupFuture, int]:
     raise KeyError(item)
 
 
-def _no_answer(timeout_s: float) -> str:
-    return f"no answer within the timeout ({timeout_s:g} s, cluster.timeout_s)"
+def _no_answer(timeout_s: float, key: str) -> str:
+    """The message of a wait that timed out after ``timeout_s``, the value of config ``key``."""
+    hint = f"; raise {key} if it is slow" if key.startswith("cluster.") else ""
+    return (f"no answer within {timeout_s:g} s ({key}). The worker is stuck (a hanging env or simulator, a "
+            f"deadlock) or just slow: its log says which{hint}")
 
 
-def _wait_ray(pending: list[GroupFuture], deadline: float, timeout_s: float) -> None:
+def _wait_ray(pending: list[GroupFuture], deadline: float, no_answer: str) -> None:
     import ray
 
     values: dict[int, Any] = {}
@@ -358,14 +401,14 @@ def _wait_ray(pending: list[GroupFuture], deadline: float, timeout_s: float) -> 
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             f, i = _owner(pending, waiting[0])
-            raise f.error(i, _no_answer(timeout_s), WorkerTimeout)
+            raise f.error(i, no_answer, WorkerTimeout)
         ready, waiting = ray.wait(waiting, num_returns=1, timeout=min(remaining, 5.0))
         for ref in ready:
             f, i = _owner(pending, ref)
             try:
                 value = ray.get(ref)
             except ray.exceptions.RayActorError as err:
-                raise f.error(i, f"the worker process died ({first_paragraph(str(err))})") from None
+                raise f.error(i, _died(str(err))) from None
             except ray.exceptions.RayError as err:
                 raise f.error(i, str(err)) from None
             values[id(ref)] = _check(f, i, value)
@@ -373,13 +416,22 @@ def _wait_ray(pending: list[GroupFuture], deadline: float, timeout_s: float) -> 
         f._results = [values[id(x)] for x in f.futures]
 
 
-def _wait_local(pending: list[GroupFuture], deadline: float, timeout_s: float) -> None:
+def _died(ray_message: str) -> str:
+    """What a dead actor's error says, in one sentence: Ray's exit detail without its advice."""
+    text = first_paragraph(ray_message)
+    found = re.search(r"Worker exit detail: (.+?)(?:\s+Some common causes|$)", text)
+    detail = (found[1] if found else text).strip().rstrip(".")
+    return (f"the worker process died ({detail}). A kill, the out-of-memory killer or a crash (SIGSEGV) are the usual "
+            "causes: its log and dmesg say more")
+
+
+def _wait_local(pending: list[GroupFuture], deadline: float, no_answer: str) -> None:
     waiting = {x for f in pending for x in f.futures}
     while waiting:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             f, i = _owner(pending, next(iter(waiting)))
-            raise f.error(i, _no_answer(timeout_s), WorkerTimeout)
+            raise f.error(i, no_answer, WorkerTimeout)
         done, waiting = cf.wait(waiting, timeout=remaining, return_when=cf.FIRST_COMPLETED)
         for x in done:
             f, i = _owner(pending, x)
@@ -431,6 +483,8 @@ class WorkerGroup(Generic[W]):
         self.num_ranks = num_ranks
         self.backend = cluster.backend
         self.timeout_s = cluster.cfg.timeout_s
+        self.phase_timeout_s = cluster.cfg.phase_timeout_s
+        self.start_timeout_s = cluster.cfg.start_timeout_s
         res = resources if resources is not None else RankResources()
         self.resources = list(res) if isinstance(res, Sequence) else [res] * num_ranks
         self._executors: list[cf.ThreadPoolExecutor] = []
@@ -453,14 +507,20 @@ class WorkerGroup(Generic[W]):
             pings = [self._executors[r].submit(self._hosts[r].ping) for r in range(num_ranks)]
         # Construction errors surface here, naming the rank.
         try:
-            started = GroupFuture(self.name, "__init__", list(range(num_ranks)), pings, self.backend, self.timeout_s).wait()
+            started = GroupFuture(self.name, "__init__", list(range(num_ranks)), pings, self.backend, self.start_timeout_s,
+                                  timeout_key="cluster.start_timeout_s").wait()
         except WorkerTimeout as err:
             want = ", ".join(f"{r.num_cpus:g} CPU / {r.num_gpus:g} GPU" for r in self.resources)
+            self.shutdown()
             raise WorkerTimeout(
                 self.name, err.rank, "__init__",
-                f"not started within {self.timeout_s:.0f} s. Its ranks ask for [{want}] and the cluster has "
-                f"{cluster.num_cpus:g} CPUs / {cluster.num_gpus:g} GPUs in all: are enough free?",
+                f"not started within {self.start_timeout_s:g} s (cluster.start_timeout_s). Its ranks ask for [{want}] and "
+                f"the cluster has {cluster.num_cpus:g} CPUs / {cluster.num_gpus:g} GPUs in all: are enough free? A "
+                "constructor that hangs (building an env or a model) looks the same: the rank's log says.",
             ) from None
+        except BaseException:  # a rank failed to construct: stop the others too
+            self.shutdown()
+            raise
         self.locations = list(started)
         self.log_paths = [Path(loc.log) if loc.log else None for loc in self.locations]
 
@@ -505,7 +565,7 @@ class WorkerGroup(Generic[W]):
             else:
                 futures.append(self._executors[rank].submit(self._hosts[rank].call, method, args, kwargs))
         return GroupFuture(self.name, method, chosen, futures, self.backend, self.timeout_s,
-                           [self.locations[r] for r in chosen])
+                           [self.locations[r] for r in chosen], phase_timeout_s=self.phase_timeout_s)
 
     def call_per_rank(self, method: str, per_rank_args: Sequence[tuple], **kwargs: Any) -> GroupFuture:
         """Call ``method`` on every rank with its own positional args."""
@@ -516,7 +576,7 @@ class WorkerGroup(Generic[W]):
             else:
                 futures.append(self._executors[rank].submit(self._hosts[rank].call, method, tuple(args), kwargs))
         return GroupFuture(self.name, method, list(range(len(futures))), futures, self.backend, self.timeout_s,
-                           self.locations[: len(futures)])
+                           self.locations[: len(futures)], phase_timeout_s=self.phase_timeout_s)
 
     def endpoints(self) -> list[Endpoint]:
         """Per-rank addresses for channels (Ray handle and same-machine socket; None in-process)."""
@@ -525,7 +585,10 @@ class WorkerGroup(Generic[W]):
         if self._addresses is None:
             import ray
 
-            self._addresses = ray.get([h.address.remote() for h in self._hosts], timeout=self.timeout_s)
+            try:
+                self._addresses = ray.get([h.address.remote() for h in self._hosts], timeout=self.timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise WorkerTimeout(self.name, 0, "address", _no_answer(self.timeout_s, "cluster.timeout_s")) from None
         return [Endpoint(h, a) for h, a in zip(self._hosts, self._addresses)]
 
     def __getattr__(self, method: str) -> Any:

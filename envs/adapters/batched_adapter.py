@@ -48,8 +48,9 @@ from typing import TYPE_CHECKING
 import gymnasium as gym
 import numpy as np
 
-from embodied.errors import UserError
+from embodied.errors import EnvError, UserError
 from envs.base import ChunkStepResult, EpisodeStats, Obs, StepResult, VecEnv, to_numpy
+from envs.nonfinite import NONFINITE_INFO_KEY, bad_rows, check_mode
 from envs.config import EnvConfig
 from envs.registry import register_adapter
 from envs.serial import SUCCESS_KEYS, obs_space_as_dict
@@ -94,11 +95,23 @@ class BatchedVecEnv(VecEnv):
     """The VecEnv contract on top of one batched torch env (see the module docstring).
 
     ``instructions`` (one per env) default to the env's own ``instructions`` attribute, if any.
+    ``env_id`` names the env in error messages (default: its class).
+
+    NaN/inf (``nonfinite``, ``env.nonfinite``) are checked on the whole batch in torch (a few
+    kernels and the one device sync a step already has). ``error`` raises an
+    :class:`~embodied.errors.EnvError` naming the first bad row. ``drop``: a batched simulator
+    cannot reset one env, so a bad row is masked instead until the env ends that episode itself
+    (its time limit): each masked step is recorded as a time-limit cut at the row's last finite
+    observation, with reward 0, which is also the observation the policy sees for that row; it
+    does not count as an env step, and the episode counts once in ``env/nonfinite_episodes``.
     """
 
-    def __init__(self, env: Any, instructions: list[str] | None = None) -> None:
+    def __init__(self, env: Any, instructions: list[str] | None = None, *, nonfinite: str = "error",
+                 env_id: str | None = None) -> None:
         import torch
 
+        self.nonfinite = check_mode(nonfinite)
+        self.env_id = env_id or f"{type(env).__module__}:{type(env).__qualname__}"
         self.env = env
         self._instructions = list(instructions) if instructions is not None else getattr(env, "instructions", None)
         self.num_envs = int(env.num_envs)
@@ -112,6 +125,10 @@ class BatchedVecEnv(VecEnv):
         self._has_success = False
         self._warned_final_obs = False
         self._closed = False
+        self._seed: int | None = None
+        self._last_obs: TorchObs | None = None  # the observation the next decision is made in
+        self._masked = torch.zeros(n, dtype=torch.bool, device=dev)  # rows whose episode was dropped
+        self.nonfinite_episodes = 0
 
     # --- conversions ---------------------------------------------------------------------------
     def _obs(self, obs: Any) -> TorchObs:
@@ -150,7 +167,14 @@ class BatchedVecEnv(VecEnv):
             out = out[0]
         self._returns.zero_()
         self._lengths.zero_()
-        return self._obs(out)
+        self._masked.zero_()
+        self._seed = seed if isinstance(seed, int) else None
+        obs = self._obs(out)
+        bad = self._bad(obs, None, None, None)
+        if bool(bad.any()):  # no finite observation to fall back on: an error whatever env.nonfinite says
+            raise self._error(bad, obs, None, None, "reset() returned NaN/inf", "no finite observation to continue from")
+        self._last_obs = obs
+        return obs
 
     def step(self, actions: Any) -> StepResult:
         import torch
@@ -172,6 +196,15 @@ class BatchedVecEnv(VecEnv):
         done = terminated | truncated
         success = self._success(info)
 
+        # NaN/inf: checked in torch on the whole batch; one sync for both flags
+        given_final = next((info[k] for k in ("final_obs", "final_observation") if info.get(k) is not None), None)
+        bad = self._bad(obs, reward, self._obs(given_final) if given_final is not None else None, done)
+        any_done, any_bad = (bool(x) for x in torch.stack([done.any(), bad.any()]).tolist())
+        if any_bad and self.nonfinite == "error":
+            raise self._error(bad, obs, reward, self._obs(given_final) if given_final is not None else None,
+                              f"returned NaN/inf at step {int(self._lengths[int(torch.nonzero(bad)[0])]) + 1} of its episode",
+                              "env.nonfinite=drop masks such episodes instead (counted in env/nonfinite_episodes)")
+
         self._returns += reward
         self._lengths += 1
         episodes = EpisodeStats(done, self._returns.clone(), self._lengths.clone(), None)
@@ -181,12 +214,75 @@ class BatchedVecEnv(VecEnv):
         self._lengths.masked_fill_(done, 0)
 
         final_obs = None
-        if bool(done.any()):
+        if any_done:
             final_obs = self._final_obs(info, obs)
         out_info = {k: v for k, v in info.items() if k not in ("final_obs", "final_observation", *SUCCESS_KEYS)}
         if success is not None:
             out_info["success"] = success
-        return StepResult(obs, reward, terminated, truncated, final_obs, episodes, out_info)
+        result = StepResult(obs, reward, terminated, truncated, final_obs, episodes, out_info)
+        if any_bad:
+            result = self._drop(result, bad)
+        self._masked &= ~done  # the env ended (and reset) the row's episode itself: the next one is new
+        self._last_obs = result.obs
+        return result
+
+    # --- NaN / inf -----------------------------------------------------------------------------
+    def _bad(self, obs: TorchObs, reward: Tensor | None, final_obs: TorchObs | None, done: Tensor | None) -> Tensor:
+        """(N,) bool: rows holding a NaN/inf in an observation, the reward or (where done) a final observation."""
+        import torch
+
+        n = self.num_envs
+        finite = torch.ones(n, dtype=torch.bool, device=self.device) if reward is None else torch.isfinite(reward)
+        for v in obs.values():
+            if torch.is_tensor(v) and v.is_floating_point():
+                finite = finite & torch.isfinite(v).reshape(n, -1).all(1)
+        if final_obs is not None and done is not None:
+            for v in final_obs.values():
+                if torch.is_tensor(v) and v.is_floating_point():
+                    finite = finite & (torch.isfinite(v).reshape(n, -1).all(1) | ~done)
+        return ~finite
+
+    def _error(self, bad: Tensor, obs: TorchObs, reward: Tensor | None, final_obs: TorchObs | None, what: str,
+               hint: str) -> EnvError:
+        named = {f"observation {k!r}": to_numpy(v) for k, v in obs.items()}
+        if reward is not None:
+            named["reward"] = to_numpy(reward)
+        for k, v in (final_obs or {}).items():
+            named[f"final observation {k!r}"] = to_numpy(v)
+        mask, described = bad_rows(named, self.num_envs)
+        i = int(np.flatnonzero(mask)[0]) if mask.any() else int(to_numpy(bad).nonzero()[0][0])
+        others = int(to_numpy(bad).sum()) - 1
+        also = f" ({others} other env(s) of this batch too)" if others > 0 else ""
+        where = {"env_id": self.env_id, "env_index": i, "seed": self._seed}
+        return EnvError(detail=f"{what}: its {described.get(i, 'values')}{also}. This is a failure of the env, not of "
+                               f"Embodied or the policy: {hint}.", where={k: v for k, v in where.items() if v is not None})
+
+    def _drop(self, result: StepResult, bad: Tensor) -> StepResult:
+        """Mask the rows in ``bad`` (see the class docstring)."""
+        import torch
+
+        last = self._last_obs
+        assert last is not None, "step() before reset()"
+        new = bad & ~self._masked
+        count = int(new.sum())
+        if count:
+            self.nonfinite_episodes += count
+            warnings.warn(f"{self.env_id}: {count} env(s) returned NaN/inf (first: env index "
+                          f"{int(torch.nonzero(new)[0])}); their episodes are masked until the env ends them "
+                          "(env.nonfinite=drop)", stacklevel=3)
+        self._masked |= bad
+        rows = lambda v: bad.reshape((-1,) + (1,) * (v.dim() - 1))  # noqa: E731
+        obs = {k: torch.where(rows(v), last[k], v) if torch.is_tensor(v) else v for k, v in result.obs.items()}
+        base = result.final_obs if result.final_obs is not None else obs
+        final_obs = {k: torch.where(rows(v), last[k], v) if torch.is_tensor(v) else v for k, v in base.items()}
+        episodes = result.episodes
+        episodes.done = episodes.done & ~bad
+        self._returns.masked_fill_(bad, 0.0)
+        self._lengths.masked_fill_(bad, 0)
+        info = dict(result.info)
+        info[NONFINITE_INFO_KEY] = bad
+        return StepResult(obs, torch.where(bad, torch.zeros_like(result.reward), result.reward), result.terminated & ~bad,
+                          result.truncated | bad, final_obs, episodes, info)
 
     def _final_obs(self, info: dict[str, Any], obs: TorchObs) -> TorchObs:
         for key in ("final_obs", "final_observation"):
@@ -220,9 +316,13 @@ class BatchedVecEnv(VecEnv):
         final_obs: TorchObs | None = None
         episodes: EpisodeStats | None = None
         success: Tensor | None = None
+        dropped: Tensor | None = None  # rows whose decision ended on NaN/inf (env.nonfinite=drop)
         result = None
         for j in range(c):
             result = self.step(actions[:, j])
+            if NONFINITE_INFO_KEY in result.info:
+                step_dropped = result.info[NONFINITE_INFO_KEY] if ended is None else result.info[NONFINITE_INFO_KEY] & ~ended
+                dropped = step_dropped if dropped is None else dropped | step_dropped
             rewards.append(result.reward)
             terms.append(result.terminated)
             truncs.append(result.truncated)
@@ -255,6 +355,8 @@ class BatchedVecEnv(VecEnv):
         if self._has_success and episodes.success is None:
             episodes.success = torch.zeros_like(episodes.done)
         info = {} if success is None else {"success": success}
+        if dropped is not None:
+            info[NONFINITE_INFO_KEY] = dropped
         return ChunkStepResult(result.obs, reward, terminated, truncated, valid, final_obs, episodes, info)
 
     @property
@@ -351,4 +453,4 @@ def make_batched(cfg: EnvConfig, seed: int) -> BatchedVecEnv:
     env = cls(num_envs=cfg.num_envs, **kwargs)
     if int(env.num_envs) != cfg.num_envs:
         raise UserError(f"{cls.__name__} was built with num_envs={cfg.num_envs} but reports {env.num_envs}.")
-    return BatchedVecEnv(env)
+    return BatchedVecEnv(env, nonfinite=cfg.nonfinite, env_id=cfg.id)

@@ -235,12 +235,16 @@ def default_num_procs(cfg: EnvConfig) -> int:
 
 def vectorize(env_fns: list, cfg: EnvConfig, backend: str, instructions: list[str] | None = None) -> VecEnv:
     """The VecEnv of ``env_fns`` on ``backend`` (``inprocess`` or ``multiprocess``); applies the
-    config's single-env wrappers (``ignore_terminations``)."""
+    config's single-env wrappers (``ignore_terminations``), its NaN/inf policy (``nonfinite``) and
+    the env processes' timeouts."""
     if cfg.ignore_terminations:
         env_fns = [WithoutTerminations(fn) for fn in env_fns]
     if backend == "inprocess":
-        return SerialVecEnv(env_fns, instructions)
-    return MultiprocessVecEnv(env_fns, default_num_procs(cfg), instructions, spin_s=cfg.worker_spin_us * 1e-6)
+        return SerialVecEnv(env_fns, instructions, env_id=cfg.id, nonfinite=cfg.nonfinite)
+    return MultiprocessVecEnv(
+        env_fns, default_num_procs(cfg), instructions, spin_s=cfg.worker_spin_us * 1e-6, timeout_s=cfg.timeout_s,
+        start_timeout_s=cfg.start_timeout_s, env_id=cfg.id, nonfinite=cfg.nonfinite,
+    )
 
 
 def _claims(env_id: str) -> bool:

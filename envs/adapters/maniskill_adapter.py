@@ -392,7 +392,8 @@ def make_maniskill(cfg: EnvConfig, seed: int) -> VecEnv:
     cuda = _cuda_available()
     backend = resolve_backend(cfg, auto="batched" if cuda else "multiprocess", allowed=BACKENDS)
     if backend == "batched" or (backend == "inprocess" and cuda):
-        return BatchedVecEnv(ManiSkillBatchedEnv(cfg, "physx_cuda" if cuda else "physx_cpu"))  # instructions: its own
+        return BatchedVecEnv(ManiSkillBatchedEnv(cfg, "physx_cuda" if cuda else "physx_cpu"), nonfinite=cfg.nonfinite,
+                             env_id=cfg.id)  # instructions: its own
     fn = functools.partial(make_cpu_env, cfg)
     return vectorize([fn] * cfg.num_envs, cfg, backend, [instruction_for(cfg.id)] * cfg.num_envs)
 

@@ -20,9 +20,13 @@ amortised) and ``render`` travel pickled through the pipe.
 from the receive so a caller can overlap policy inference with simulation.
 
 Robustness: every wait polls the pipe in short slices and checks the process between them, so a
-killed worker raises :class:`EnvWorkerError` at once instead of hanging; an exception inside a
-worker is re-raised in the parent with the worker index and the worker's traceback text (a
-:class:`UserError` stays a ``UserError``). ``close`` ends and reaps every worker, also after a crash.
+killed worker raises :class:`EnvWorkerError` at once instead of hanging, and a worker that does
+not answer within ``timeout_s`` (``env.timeout_s``) raises :class:`EnvWorkerTimeout` after
+writing its Python stack to its log; an exception inside a worker is re-raised in the parent
+naming the env process and, for the env's own failure, the env id, index and seed, with the
+worker's traceback text (a :class:`UserError` stays a ``UserError``). Workers check every step
+for NaN/inf (``nonfinite``). Env processes die with their forkserver (so with the process that
+made them), even while stuck. ``close`` ends and reaps every worker, also after a crash.
 
 Scripts that use this class must guard their entry point with ``if __name__ == "__main__":``
 (the ``forkserver`` and ``spawn`` start methods re-import the main module in each worker).
@@ -44,7 +48,7 @@ Modules, one job each:
 from envs.multiprocess.buffers import StepBuffers
 from envs.multiprocess.concat import concat_chunk_results, concat_obs, concat_step_results
 from envs.multiprocess.doorbell import DEFAULT_SPIN_S, WAKE, CommandWaiter, Doorbell, ReplyWaiter, memory_fence
-from envs.multiprocess.vec_env import EnvFn, EnvWorkerError, HandshakeStats, MultiprocessVecEnv, shard_bounds
+from envs.multiprocess.vec_env import EnvFn, EnvWorkerError, EnvWorkerTimeout, HandshakeStats, MultiprocessVecEnv, shard_bounds
 from envs.multiprocess.worker import THREAD_ENV_VARS
 
 __all__ = [
@@ -55,6 +59,7 @@ __all__ = [
     "Doorbell",
     "EnvFn",
     "EnvWorkerError",
+    "EnvWorkerTimeout",
     "HandshakeStats",
     "MultiprocessVecEnv",
     "ReplyWaiter",

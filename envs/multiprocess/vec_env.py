@@ -10,10 +10,12 @@ The overview of the transport is in :mod:`envs.multiprocess`.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
 import os
 import pickle
 import select
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,26 +27,44 @@ import gymnasium as gym
 import numpy as np
 
 from embodied import logs
-from embodied.errors import UserError
+from embodied.errors import EnvError, ExitCode, UserError
 from envs.base import Array, ChunkStepResult, Obs, StepResult, VecEnv, env_seeds, to_numpy
 from envs.multiprocess.buffers import StepBuffers
 from envs.multiprocess.concat import concat_chunk_results, concat_obs, concat_step_results
 from envs.multiprocess.doorbell import DEFAULT_SPIN_S, PARENT_SLICE_S, WAKE, Doorbell, ReplyWaiter, memory_fence
 from envs.multiprocess.worker import worker_main
+from envs.nonfinite import check_mode
 
 EnvFn = Callable[[], gym.Env]
 
 #: How often a wait for a reply checks that the worker is still alive (a reply ends the wait at once).
 _LIVENESS_SLICE_MS = 500
+#: Shard numbers of this process's env processes, for their labels (``env-0-shard3``): unique over
+#: every MultiprocessVecEnv the process makes (an env worker's chunks, a re-plan), so no two
+#: processes share a log file.
+_SHARD_NUMBERS = itertools.count()
 
 
-class EnvWorkerError(RuntimeError):
-    """An env worker process raised, died, or did not answer in time."""
+class EnvWorkerError(EnvError):
+    """An env process raised, died, or did not answer in time (an :class:`EnvError`: exit code 3).
 
-    def __init__(self, message: str, worker_index: int, worker_traceback: str = "") -> None:
-        super().__init__(message)
+    ``worker_index`` is the process's index in its VecEnv; ``where`` holds it as ``env_process``,
+    the process's ``log`` when it has one, and what the env error knew (``env_id``,
+    ``env_index``, ``seed``)."""
+
+    def __init__(self, message: str, worker_index: int, worker_traceback: str = "", where: dict[str, Any] | None = None,
+                 detail: str | None = None, appendix: str = "") -> None:
+        super().__init__(message, where={"env_process": worker_index, **(where or {})}, detail=detail, appendix=appendix)
         self.worker_index = worker_index
         self.worker_traceback = worker_traceback
+
+
+class EnvWorkerTimeout(EnvWorkerError):
+    """An env process did not answer within ``env.timeout_s`` (or started within
+    ``env.start_timeout_s``): exit code 5."""
+
+    exit_code = ExitCode.TIMEOUT
+    headline = "Timed out"
 
 
 def shard_bounds(num_envs: int, num_procs: int) -> list[tuple[int, int]]:
@@ -87,9 +107,15 @@ class MultiprocessVecEnv(VecEnv):
     instructions: optional language instruction per env.
     context:      multiprocessing start method, ``"forkserver"`` (default) or ``"spawn"``;
                   ``"fork"`` is accepted but unsafe once torch or a simulator has started threads.
-    timeout_s:    longest wait for one reply (None: wait as long as the worker is alive); a stuck
-                  worker then raises :class:`EnvWorkerError`.
-    start_timeout_s: longest wait for the workers to build their envs.
+                  With ``forkserver`` the kernel kills the env processes when the server (which
+                  dies with this process) does, even while their simulator hangs.
+    timeout_s:    longest wait for one reply (``env.timeout_s``; None: wait as long as the worker
+                  is alive); a stuck worker then raises :class:`EnvWorkerTimeout`, after asking
+                  it to write its Python stack to its log.
+    start_timeout_s: longest wait for the workers to build their envs (``env.start_timeout_s``).
+    env_id:       the env's name in error messages (default: the gymnasium id the workers see).
+    nonfinite:    what a NaN/inf does, ``"error"`` or ``"drop"`` (``env.nonfinite``; checked in
+                  the workers by their :class:`~envs.serial.SerialVecEnv`).
     shared_memory: pass ``step`` batches through shared memory (False: everything pickled).
     threads_per_worker: size of each worker's thread pools (torch, OpenMP, BLAS, llvmpipe); set
                   before the simulator is imported. 1 keeps N workers on N cores from oversubscribing.
@@ -114,7 +140,10 @@ class MultiprocessVecEnv(VecEnv):
         shared_memory: bool = True,
         threads_per_worker: int = 1,
         spin_s: float = DEFAULT_SPIN_S,
+        env_id: str | None = None,
+        nonfinite: str = "error",
     ) -> None:
+        check_mode(nonfinite)
         if len(env_fns) < 1:
             raise UserError("MultiprocessVecEnv needs at least one env constructor.")
         if num_procs < 1:
@@ -127,6 +156,10 @@ class MultiprocessVecEnv(VecEnv):
         self.num_procs = min(num_procs, self.num_envs)
         self.bounds = shard_bounds(self.num_envs, self.num_procs)
         self.timeout_s = timeout_s
+        self.env_id = env_id
+        self._seeds: list[int | None] = [None] * self.num_envs  # each env's last reset seed (messages)
+        self._labels: list[str] = []
+        self._run_dir = os.environ.get(logs.RUN_DIR_ENV)  # where the workers write their logs (if set)
         self._instructions = list(instructions) if instructions is not None else None
         self._closed = False
         self._waiting: str | None = None  # the command whose replies are outstanding
@@ -153,10 +186,13 @@ class MultiprocessVecEnv(VecEnv):
                 shard_instr = self._instructions[start:end] if self._instructions is not None else None
                 payload = cloudpickle.dumps((list(env_fns[start:end]), shard_instr))
                 parent_conn, child_conn = ctx.Pipe(duplex=True)
+                label = logs.child_label(f"shard{next(_SHARD_NUMBERS)}")  # its process title and log label
+                self._labels.append(label)
                 proc = ctx.Process(
                     target=worker_main,
-                    args=(i, child_conn, payload, env_vars, threads_per_worker, cores, spin_s),
-                    name=logs.child_label(f"shard{i}"),  # its process title and log label too
+                    args=(i, child_conn, payload, env_vars, threads_per_worker, cores, spin_s, label, start, env_id,
+                          nonfinite, context == "forkserver"),
+                    name=label,
                     daemon=True,
                 )
                 proc.start()
@@ -167,6 +203,7 @@ class MultiprocessVecEnv(VecEnv):
                 poller.register(parent_conn.fileno(), select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR)
                 self._pollers.append(poller)
                 self._reply_waiters.append(ReplyWaiter(parent_conn.fileno(), self.reply_spin_s))
+            self._start_timeout_s = start_timeout_s
             spaces = self._gather("start", timeout_s=start_timeout_s)
             self.observation_space, self.action_space = spaces[0]
             if shared_memory:
@@ -282,20 +319,55 @@ class MultiprocessVecEnv(VecEnv):
         if not self._procs[i].is_alive() and not self._conns[i].poll():
             self._broken(self._dead(i, command))
         if deadline is not None and time.monotonic() > deadline:
-            self._broken(
-                EnvWorkerError(
-                    f"env worker {i} ({self._describe_shard(i)}) did not answer {command!r} "
-                    f"within {timeout_s} s; it may be stuck in the simulator.",
-                    i,
-                )
-            )
+            option = "env.start_timeout_s" if command == "start" else "env.timeout_s"
+            doing = "start and build its envs" if command == "start" else f"answer {command!r}"
+            stack = self._dump_stack(i)
+            self._broken(EnvWorkerTimeout(
+                f"env process {i} ({self._describe_shard(i)}) did not {doing} within {timeout_s:g} s ({option}): an "
+                f"env's {'constructor' if command == 'start' else command.replace('step_shared', 'step')} may hang "
+                f"(a stuck simulator). {stack}Raise {option} if the env is just that slow.",
+                i, where=self._where(i),
+            ))
 
-    def _worker_failure(self, i: int, command: str, value: tuple[bool, str, str]) -> Exception:
-        is_user_error, summary, tb = value
-        where = f"env worker {i} ({self._describe_shard(i)}) failed in {command!r}"
-        if is_user_error:
-            return UserError(f"{summary.split(': ', 1)[-1]} ({where})")
-        return EnvWorkerError(f"{where}: {summary}\n\nWorker traceback:\n{tb}", i, tb)
+    def _dump_stack(self, i: int) -> str:
+        """Ask worker ``i`` to write its Python stack to its log (faulthandler on SIGUSR1); the
+        sentence saying where it went."""
+        proc = self._procs[i]
+        if proc.pid is None or not proc.is_alive() or not hasattr(signal, "SIGUSR1"):
+            return ""
+        try:
+            os.kill(proc.pid, signal.SIGUSR1)
+        except OSError:
+            return ""
+        time.sleep(0.2)  # the handler writes at once, from C, even while the process is stuck in C code
+        log = self._log(i)
+        return f"Its Python stack is at the end of {log}. " if log else ""
+
+    def _log(self, i: int) -> str | None:
+        """Worker ``i``'s log file (None without a run dir: its output goes to stderr)."""
+        return str(logs.worker_log_path(self._run_dir, self._labels[i])) if self._run_dir else None
+
+    def _where(self, i: int) -> dict[str, Any]:
+        """What a failure of worker ``i`` says about where: its index, log, env id (its pid is in
+        the message: ``pid`` in ``where`` is the worker rank's)."""
+        where: dict[str, Any] = {"env_process": i}
+        if self._log(i):
+            where["log"] = self._log(i)
+        if self.env_id:
+            where["env_id"] = self.env_id
+        return where
+
+    def _worker_failure(self, i: int, command: str, value: tuple[str, str, str, dict[str, Any]]) -> Exception:
+        kind, message, tb, env_where = value
+        if kind == "user":
+            return UserError(f"{message} (env process {i}, {self._describe_shard(i)})")
+        where = {**self._where(i), **env_where}
+        if kind == "env":  # the env's own message names it, its index and seed
+            plain = where.pop("message", None)
+            return EnvWorkerError(plain or message, i, tb, where, detail=None if plain else message,
+                                  appendix=f"\n\nWorker traceback:\n{tb}")
+        return EnvWorkerError(f"env process {i} ({self._describe_shard(i)}) failed in {command!r}: {message}\n\n"
+                              f"Worker traceback:\n{tb}", i, tb, where)
 
     def _dead(self, i: int, command: str) -> EnvWorkerError:
         proc = self._procs[i]
@@ -303,9 +375,9 @@ class MultiprocessVecEnv(VecEnv):
         code = proc.exitcode
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
         return EnvWorkerError(
-            f"env worker {i} ({self._describe_shard(i)}, pid {proc.pid}) died during {command!r} "
+            f"env process {i} ({self._describe_shard(i)}, pid {proc.pid}) died during {command.replace('step_shared', 'step')!r} "
             f"({how}). A simulator crash or the out-of-memory killer are the usual causes.",
-            i,
+            i, where=self._where(i),
         )
 
     def _broken(self, err: EnvWorkerError) -> None:
@@ -316,7 +388,10 @@ class MultiprocessVecEnv(VecEnv):
 
     def _describe_shard(self, i: int) -> str:
         start, end = self.bounds[i]
-        return f"envs {start}..{end - 1}"
+        seeds = self._seeds[start:end]
+        seeded = "" if seeds[0] is None or seeds[-1] is None else (
+            f", seed {seeds[0]}" if end - start == 1 else f", seeds {seeds[0]}..{seeds[-1]}")
+        return (f"env {start}" if end - start == 1 else f"envs {start}..{end - 1}") + seeded
 
     def _begin(self, command: str) -> None:
         if self._closed:
@@ -384,6 +459,8 @@ class MultiprocessVecEnv(VecEnv):
     def reset(self, seed: int | Sequence[int] | None = None) -> Obs:
         self._begin("reset")
         seeds = env_seeds(seed, self.num_envs)
+        if seed is not None:
+            self._seeds = list(seeds)
         self._send_all("reset", [None if seed is None else seeds[start:end] for start, end in self.bounds])
         return concat_obs(self._finish("reset"))
 

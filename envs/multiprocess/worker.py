@@ -7,11 +7,18 @@ commands until ``close`` or the parent's end: steps posted on its
 :class:`~envs.multiprocess.doorbell.Doorbell` (results written into the
 :class:`~envs.multiprocess.buffers.StepBuffers` block) and pickled commands from the pipe
 (``attach``, ``step``, ``chunk_step``, ``reset``, ``render``, ``call``, ``close``). Every error
-goes back to the parent as ``("error", (is_user_error, summary, traceback))``.
+goes back to the parent as ``("error", (kind, message, traceback, where))`` (:func:`describe`).
+
+With ``parent_death_signal`` (the ``forkserver`` start method, whose server process is the
+parent) the process is killed when its parent dies, even while its simulator hangs in C code; and
+``SIGUSR1`` makes it write every thread's Python stack to its log (the parent asks for that
+before it gives up on a process that does not answer).
 """
 
 from __future__ import annotations
 
+import ctypes
+import faulthandler
 import os
 import pickle
 import signal
@@ -23,13 +30,17 @@ from typing import Any
 import cloudpickle
 
 from embodied import logs
-from embodied.errors import UserError
+from embodied.errors import EnvError, UserError
 from envs.multiprocess.buffers import StepBuffers
 from envs.multiprocess.doorbell import DEFAULT_SPIN_S, WAKE, CommandWaiter, Doorbell, memory_fence
 
 #: Env vars that size the thread pools of torch/OpenMP/BLAS and of Mesa's llvmpipe/lavapipe in a
 #: worker: without them every worker starts a thread per core and N workers oversubscribe the cores.
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LP_NUM_THREADS")
+
+
+#: prctl(2) option: the signal this process gets when its parent dies.
+_PR_SET_PDEATHSIG = 1
 
 
 def worker_main(
@@ -40,8 +51,16 @@ def worker_main(
     threads: int,
     cores: set[int] | None = None,
     spin_s: float = DEFAULT_SPIN_S,
+    label: str | None = None,
+    first_index: int = 0,
+    env_id: str | None = None,
+    nonfinite: str = "error",
+    parent_death_signal: bool = False,
 ) -> None:
-    """Entry point of worker ``index``: build a SerialVecEnv over its shard, then serve commands."""
+    """Entry point of worker ``index``: build a SerialVecEnv over its shard (envs ``first_index``
+    on of the whole batch), then serve commands."""
+    if parent_death_signal:
+        _die_with_parent()
     # Ctrl-C reaches the whole process group; the parent handles it and closes us cleanly.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The parent's CPU affinity at construction (a forkserver started earlier may have another).
@@ -55,9 +74,13 @@ def worker_main(
             os.environ.pop(key, None)
     # Name the process after the shard it hosts (ps: "env-0-shard1"), and send its output to
     # <run_dir>/logs/env-0-shard1.log when the parent has a run dir (embodied.logs).
-    label = logs.child_label(f"shard{index}")
+    label = label or logs.child_label(f"shard{index}")
     logs.set_process_title(f"embodied::{label}", comm=label)
     logs.redirect_worker_output(label)
+    try:  # SIGUSR1: every thread's Python stack to the log (or stderr), also while stuck in C code
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    except (AttributeError, ValueError, OSError):  # no SIGUSR1 (Windows) or no file descriptor
+        pass
     for key in THREAD_ENV_VARS:
         os.environ[key] = str(threads)
     _limit_torch_threads(threads)
@@ -68,7 +91,7 @@ def worker_main(
         env_fns, instructions = cloudpickle.loads(payload)
         from envs.serial import SerialVecEnv
 
-        venv = SerialVecEnv(env_fns, instructions)
+        venv = SerialVecEnv(env_fns, instructions, env_id=env_id, first_index=first_index, nonfinite=nonfinite)
         _limit_torch_threads(threads)  # the simulator may have imported torch just now
         conn.send(("ok", (venv.observation_space, venv.action_space)))
         waiter = CommandWaiter(conn.fileno(), spin_s)
@@ -105,14 +128,14 @@ def worker_main(
                 else:
                     reply = ("ok", _run_command(venv, command, arg))
             except Exception as err:  # noqa: BLE001 - every error goes back to the parent
-                reply = ("error", _describe(err))
+                reply = ("error", describe(err))
             conn.send(reply)
             waiter.replied()
     except KeyboardInterrupt:
         pass
     except Exception as err:  # noqa: BLE001 - a failed env constructor
         try:
-            conn.send(("error", _describe(err)))
+            conn.send(("error", describe(err)))
         except (BrokenPipeError, OSError):
             pass
     finally:
@@ -136,7 +159,7 @@ def _step_shared(venv: Any, buffers: StepBuffers, rows: tuple[int, int]) -> tupl
     try:
         extras = buffers.write(venv.step(buffers.actions[start:end].copy()), start, end)
     except Exception as err:  # noqa: BLE001 - every error goes back to the parent
-        return Doorbell.PIPE, ("error", _describe(err))
+        return Doorbell.PIPE, ("error", describe(err))
     if not extras:
         return Doorbell.PLAIN, None
     if len(extras) == 1 and "has_success" in extras:
@@ -167,6 +190,27 @@ def _limit_torch_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def _describe(err: BaseException) -> tuple[bool, str, str]:
-    """(is_user_error, one-line summary, traceback text) of an exception; always picklable."""
-    return isinstance(err, UserError), f"{type(err).__name__}: {err}", traceback.format_exc()
+def describe(err: BaseException) -> tuple[str, str, str, dict[str, Any]]:
+    """``(kind, message, traceback text, where)`` of an exception, always picklable: kind ``"user"``
+    (a UserError: its message), ``"env"`` (an EnvError: its ``detail``, or its message when it
+    has none, and ``where`` naming the env, its index and seed) or ``"error"`` (``"Type: message"``)."""
+    tb = "".join(traceback.format_exception(err))
+    if isinstance(err, UserError):
+        return "user", str(err), tb, {}
+    if isinstance(err, EnvError):
+        where = {k: v for k, v in err.where.items() if isinstance(v, (int, str))}
+        if err.detail is None:
+            where["message"] = str(err)
+        return "env", err.detail or "", tb, where
+    return "error", f"{type(err).__name__}: {err}", tb, {}
+
+
+def _die_with_parent() -> None:
+    """Have the kernel kill this process when its parent (the forkserver) dies (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl: nobody would kill us later
+        os._exit(1)

@@ -1,7 +1,7 @@
 """Registration of ``openvla`` and ``openvla_oft`` and their ``policy.kwargs``.
 
 This module imports nothing heavy: transformers, peft and the model code load when a policy is
-built, so the registry (and ``embodied recipes --policies``) works without the ``vla`` extra.
+built, so the registry (and ``embodied recipes --all``) works without the ``vla`` extra.
 """
 
 from __future__ import annotations

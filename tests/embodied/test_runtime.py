@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from embodied.errors import UserError
+from embodied.errors import UserError, exit_code_of, format_failure
 from embodied.runtime import (
     Channel,
     Cluster,
@@ -184,7 +184,7 @@ def test_wait_all_fails_fast_and_times_out(cluster):
     with pytest.raises(WorkerError, match="fail"):
         wait_all(slow, bad)
     assert time.monotonic() - t0 < 4.0, "did not fail fast"
-    with pytest.raises(WorkerTimeout, match="no answer within the timeout"):
+    with pytest.raises(WorkerTimeout, match=r"no answer within 0.5 s \(the timeout given to this wait\)"):
         group.call("sleep", 5.0, ranks=[1]).wait(timeout_s=0.5)
     group.shutdown()
 
@@ -192,9 +192,40 @@ def test_wait_all_fails_fast_and_times_out(cluster):
 def test_channel_get_times_out_instead_of_hanging(cluster):
     consumers = WorkerGroup(cluster, Consumer, 1, resources=half())
     channel = Channel("never", consumers, timeout_s=0.5)
-    with pytest.raises(WorkerError, match="ChannelTimeout.*is the producer alive"):
+    with pytest.raises(WorkerError, match="ChannelTimeout: channel 'never' key 0: no answer within 0.5 s"):
         consumers.consume(channel, [0], 1).wait()
     consumers.shutdown()
+
+
+def test_every_wait_names_its_seconds_and_config_key():
+    """A call waits up to cluster.timeout_s, a phase (as_phase) up to cluster.phase_timeout_s, a
+    channel message up to cluster.timeout_s (a phase-long message: phase_timeout_s); each
+    timeout says so, naming the producer of a channel when it is known."""
+    cfg = ClusterConfig(backend="local", timeout_s=0.3, phase_timeout_s=0.6, start_timeout_s=5)
+    with Cluster(cfg) as c:
+        group = WorkerGroup(c, Producer, 1, 1, name="slow")
+        with pytest.raises(WorkerTimeout, match=r"slow\[rank 0\] failed in sleep\(\): no answer within 0.3 s "
+                                                r"\(cluster.timeout_s\).*raise cluster.timeout_s if it is slow") as info:
+            group.call("sleep", 3.0).wait()
+        assert exit_code_of(info.value) == 5
+        assert format_failure(info.value).startswith("Timed out (exit code 5): sleep() failed: no answer within 0.3 s")
+        t0 = time.monotonic()
+        with pytest.raises(WorkerTimeout, match=r"no answer within 0.6 s \(cluster.phase_timeout_s\)"):
+            group.call("sleep", 3.0).as_phase().wait()
+        assert 0.5 < time.monotonic() - t0 < 2.5
+        consumers = WorkerGroup(c, Consumer, 1, name="sink")
+        for channel, seconds, key in ((Channel("obs", consumers, source="env"), "0.3", "cluster.timeout_s"),
+                                      (Channel("batches", consumers, phase=True), "0.6", "cluster.phase_timeout_s")):
+            with pytest.raises(WorkerTimeout) as info:
+                consumers.consume(channel, [0], 1).wait(timeout_s=5)
+            assert f"ChannelTimeout: channel {channel.name!r} key 0: no answer within {seconds} s ({key})" in str(info.value)
+            assert ("Worker group env is stuck or dead" in str(info.value)) == (channel.name == "obs")
+        group.shutdown(), consumers.shutdown()
+
+
+def test_timeouts_must_be_positive():
+    with pytest.raises(ValueError, match=r"cluster.timeout_s must be > 0 seconds \(got 0\)"):
+        ClusterConfig(timeout_s=0)
 
 
 def test_handle_passes_results_between_groups_without_the_driver(cluster):

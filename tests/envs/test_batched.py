@@ -238,3 +238,57 @@ def test_tensors_stay_on_the_cuda_device():
 def test_ignore_terminations_needs_the_batched_env_to_implement_it():
     with pytest.raises(UserError, match="has no 'ignore_terminations' parameter"):
         make_vec_env(EnvConfig(id=ENV_ID, num_envs=2, ignore_terminations=True), seed=0)
+
+
+class NanPointMass(BatchedPointMass):
+    """Row ``row``'s simulation blows up at step ``at`` of its first episode: its position becomes
+    NaN (so do its observation and reward) until the time limit resets it."""
+
+    def __init__(self, num_envs: int, row: int = 2, at: int = 3, **kwargs) -> None:
+        super().__init__(num_envs, **kwargs)
+        self.row, self.at, self.t = row, at, 0
+
+    def step(self, actions):
+        self.t += 1
+        if self.t == self.at:
+            self.pos[self.row] = float("nan")
+        return super().step(actions)
+
+
+def test_nan_in_a_batched_env_names_the_row_and_its_seed():
+    from embodied.errors import EnvError, format_failure
+
+    env = BatchedVecEnv(NanPointMass(4, goal_radius=1e-9), env_id="NanPointMass")
+    env.reset(seed=3)
+    env.step(torch.zeros(4, 2))
+    env.step(torch.zeros(4, 2))
+    with pytest.raises(EnvError) as info:
+        env.step(torch.zeros(4, 2))
+    assert format_failure(info.value).startswith(
+        "The env failed (exit code 3): env NanPointMass (env index 2, seed 3) returned NaN/inf at step 3 of its episode: "
+        "its observation 'state' holds NaN.")
+
+
+def test_nan_with_drop_masks_the_row_until_the_env_resets_it():
+    env = BatchedVecEnv(NanPointMass(4, goal_radius=1e-9, max_episode_steps=6), nonfinite="drop")
+    zeros = torch.zeros(4, 2)
+    env.reset(seed=3)
+    env.step(zeros)
+    before = env.step(zeros)
+    with pytest.warns(UserWarning, match="1 env\\(s\\) returned NaN/inf \\(first: env index 2\\)"):
+        res = env.step(zeros)
+    assert torch.equal(res.info["nonfinite"], torch.tensor([False, False, True, False]))
+    assert torch.isfinite(res.obs["state"]).all() and torch.isfinite(res.reward).all()
+    assert torch.equal(res.obs["state"][2], before.obs["state"][2])  # the row's last finite observation
+    assert torch.equal(res.final_obs["state"][2], before.obs["state"][2]) and res.reward[2] == 0
+    assert res.truncated[2] and not res.terminated[2] and not res.episodes.done[2]
+    for _ in range(2):  # still NaN inside the env: masked, counted once
+        res = env.step(zeros)
+        assert res.info["nonfinite"][2] and torch.isfinite(res.obs["state"]).all()
+    res = env.step(zeros)  # step 6: the time limit ends (and resets) every env
+    assert res.episodes.done[[0, 1, 3]].all() and not res.episodes.done[2]
+    res = env.step(zeros)
+    assert "nonfinite" not in res.info and torch.isfinite(res.obs["state"]).all()
+    assert env.nonfinite_episodes == 1
+    chunk = env.chunk_step(torch.zeros(4, 3, 2))
+    assert "nonfinite" not in chunk.info

@@ -12,13 +12,14 @@ import functools
 import os
 import signal
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 
-from embodied.errors import UserError
-from envs.multiprocess import EnvWorkerError, MultiprocessVecEnv, shard_bounds
+from embodied.errors import EnvError, UserError, exit_code_of, format_failure
+from envs.multiprocess import EnvWorkerError, EnvWorkerTimeout, MultiprocessVecEnv, shard_bounds
 from envs.serial import SerialVecEnv
 
 
@@ -86,6 +87,8 @@ class CrashingEnv(gym.Env):
                 os._exit(3)
             if self.how == "hang":
                 time.sleep(600)
+            if self.how == "nan":
+                return np.array([0.0, np.nan], np.float32), 0.0, False, False, {}
         return np.zeros(2, np.float32), 0.0, False, False, {}
 
 
@@ -307,8 +310,14 @@ def test_worker_exception_names_worker_and_keeps_traceback():
         env.step(np.zeros((2, 1), np.float32))
     message = str(info.value)
     assert info.value.worker_index == 1
-    assert "env worker 1 (envs 1..1)" in message and "ValueError: boom" in message
+    assert message.startswith("env tests.envs.test_multiprocess:CrashingEnv (env index 1, seed 1) raised ValueError: boom")
     assert "Worker traceback" in message and "in step" in message and "test_multiprocess.py" in message
+    assert exit_code_of(info.value) == 3 and isinstance(info.value, EnvError)
+    assert {k: info.value.where[k] for k in ("env_process", "env_index", "seed", "env_id")} == {
+        "env_process": 1, "env_index": 1, "seed": 1, "env_id": "tests.envs.test_multiprocess:CrashingEnv"}
+    assert format_failure(info.value).startswith(
+        "The env failed (exit code 3): env tests.envs.test_multiprocess:CrashingEnv (env index 1, seed 1) raised "
+        "ValueError: boom: the simulator exploded while stepping (step()).")
     # the other worker's reply was drained: the env is still in step and can be reset and closed
     env.reset(seed=1)
     pids = env.pids
@@ -319,7 +328,7 @@ def test_worker_exception_names_worker_and_keeps_traceback():
 def test_user_error_in_worker_stays_a_user_error():
     with MultiprocessVecEnv([functools.partial(CrashingEnv, "user", 1)], 1) as env:
         env.reset()
-        with pytest.raises(UserError, match="asset set.*env worker 0"):
+        with pytest.raises(UserError, match="asset set.*env process 0"):
             env.step(np.zeros((1, 1), np.float32))
 
 
@@ -346,7 +355,7 @@ def test_dead_worker_raises_promptly_and_close_cleans_up(how):
     if how == "kill":
         os.kill(pids[1], signal.SIGKILL)
     start = time.monotonic()
-    with pytest.raises(EnvWorkerError, match="env worker 1 .* died") as info:
+    with pytest.raises(EnvWorkerError, match="env process 1 .* died") as info:
         for _ in range(3):
             env.step(np.zeros((2, 1), np.float32))
     assert time.monotonic() - start < 5.0
@@ -356,13 +365,59 @@ def test_dead_worker_raises_promptly_and_close_cleans_up(how):
     assert_reaped(pids)
 
 
+def test_stuck_worker_writes_its_stack_to_its_log(tmp_path, monkeypatch):
+    """With a run dir, a worker that does not answer is asked for its Python stack first: the
+    message names its log, which shows where it hangs."""
+    from embodied import logs
+
+    monkeypatch.setenv(logs.RUN_DIR_ENV, str(tmp_path))
+    env = MultiprocessVecEnv([functools.partial(CrashingEnv, "hang", 1)], 1, timeout_s=1.0)
+    env.reset(seed=5)
+    with pytest.raises(EnvWorkerTimeout) as info:
+        env.step(np.zeros((1, 1), np.float32))
+    log = info.value.where["log"]
+    assert f"Its Python stack is at the end of {log}." in str(info.value)
+    assert "env process 0 (env 0, seed 5) did not answer 'step'" in str(info.value)
+    text = Path(log).read_text()
+    assert "time.sleep" in text or "in step" in text, text[-2000:]
+    assert_reaped(env.pids)
+
+
+@pytest.mark.parametrize("shared_memory", [True, False])
+def test_nan_in_a_worker_names_the_env_or_drops_its_episode(shared_memory):
+    """The workers check for NaN/inf: ``error`` names the env (its global index and seed);
+    ``drop`` ends that env's episode, reset, with the mask in info, through shared memory too."""
+    fns = [functools.partial(CrashingEnv, crash=False)] * 3 + [functools.partial(CrashingEnv, "nan", 2)]
+    with MultiprocessVecEnv(fns, 2, shared_memory=shared_memory, env_id="Crash-v0") as env:
+        env.reset(seed=10)
+        env.step(np.zeros((4, 1), np.float32))
+        with pytest.raises(EnvWorkerError) as info:
+            env.step(np.zeros((4, 1), np.float32))
+    assert str(info.value).startswith("env Crash-v0 (env index 3, seed 13) returned NaN/inf at step 2 of its episode: "
+                                      "its observation 'state' holds NaN.")
+    assert info.value.where["env_process"] == 1
+    with MultiprocessVecEnv(fns, 2, shared_memory=shared_memory, nonfinite="drop") as env:
+        env.reset(seed=10)
+        first = env.step(np.ones((4, 1), np.float32))
+        assert "nonfinite" not in first.info
+        second = env.step(np.ones((4, 1), np.float32))
+        np.testing.assert_array_equal(second.info["nonfinite"], [False, False, False, True])
+        np.testing.assert_array_equal(second.truncated, [False, False, False, True])
+        assert second.reward[3] == 0.0 and np.isfinite(second.obs["state"]).all()
+        np.testing.assert_array_equal(second.final_obs["state"][3], first.obs["state"][3])
+        assert not second.episodes.done.any()  # a dropped episode is not a finished one
+        third = env.step(np.ones((4, 1), np.float32))
+        assert "nonfinite" not in third.info  # the env was reset: its new episode goes on
+
+
 def test_stuck_worker_times_out_and_is_killed():
     fns = [functools.partial(CrashingEnv, "hang", 1)]
     env = MultiprocessVecEnv(fns, 1, timeout_s=1.0)
     env.reset()
     start = time.monotonic()
-    with pytest.raises(EnvWorkerError, match="did not answer 'step' within 1.0 s"):
+    with pytest.raises(EnvWorkerTimeout, match=r"did not answer 'step' within 1 s \(env.timeout_s\)") as info:
         env.step(np.zeros((1, 1), np.float32))
+    assert exit_code_of(info.value) == 5
     assert time.monotonic() - start < 8.0
     assert not any(p.is_alive() for p in env.processes)
     assert_reaped(env.pids)

@@ -38,15 +38,17 @@ def test_env_processes_are_named_after_their_shard_and_log_to_the_run_dir(tmp_pa
     monkeypatch.setenv(logs.LABEL_ENV, "env-7")  # what the env worker rank 7 of group "env" exports
     venv = MultiprocessVecEnv([ChattyEnv] * 4, num_procs=2)
     try:
-        for shard, pid in enumerate(venv.pids):
+        with open(f"/proc/{venv.pids[0]}/comm") as f:
+            first = int(f.read().strip().removeprefix("env-7-shard"))  # shards are numbered over the process
+        for i, pid in enumerate(venv.pids):
             with open(f"/proc/{pid}/comm") as f:
-                assert f.read().strip() == f"env-7-shard{shard}"
+                assert f.read().strip() == f"env-7-shard{first + i}"
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                assert f.read().split(b"\0")[0].decode() == f"embodied::env-7-shard{shard}"
+                assert f.read().split(b"\0")[0].decode() == f"embodied::env-7-shard{first + i}"
         venv.reset(seed=0)
     finally:
         venv.close()
-    for shard in range(2):
+    for shard in (first, first + 1):
         text = (tmp_path / "logs" / f"env-7-shard{shard}.log").read_text()
         assert text.count("simulator banner: v1.2.3") == 2  # two envs per shard
         assert "Box bound precision lowered by casting to float32" in text
@@ -63,4 +65,22 @@ def test_without_a_label_the_shard_still_shows(monkeypatch):
                 comms.append(f.read().strip())
     finally:
         venv.close()
-    assert comms == ["main-shard0", "main-shard1"]
+    first = int(comms[0].removeprefix("main-shard"))
+    assert comms == [f"main-shard{first}", f"main-shard{first + 1}"]
+
+
+def test_two_vec_envs_of_one_process_never_share_a_label(tmp_path, monkeypatch):
+    """An env worker with two chunks makes two VecEnvs: their processes and logs stay apart."""
+    monkeypatch.setenv(logs.RUN_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(logs.LABEL_ENV, "env-0")
+    a = MultiprocessVecEnv([ChattyEnv] * 2, num_procs=2)
+    b = MultiprocessVecEnv([ChattyEnv] * 2, num_procs=2)
+    try:
+        comms = []
+        for pid in a.pids + b.pids:
+            with open(f"/proc/{pid}/comm") as f:
+                comms.append(f.read().strip())
+    finally:
+        a.close(), b.close()
+    assert len(set(comms)) == 4
+    assert len(list((tmp_path / "logs").glob("env-0-shard*.log"))) == 4

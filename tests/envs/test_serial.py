@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from embodied.errors import UserError
+from envs.serial import SerialVecEnv
 from envs.config import EnvConfig
 from envs.registry import make_vec_env
 from tests.envs.conftest import assert_same
@@ -162,3 +163,117 @@ def test_batches_match_hand_stepped_envs_for_every_observation_kind(kind):
         else:
             assert result.final_obs is None
     venv.close()
+
+
+class Faulty(gym.Env):
+    """Misbehaves at step ``at`` of every episode (``how``), or in reset / its constructor."""
+
+    observation_space = gym.spaces.Box(-10, 10, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, how: str = "none", at: int = 3) -> None:
+        if how == "build":
+            raise OSError("scene file missing")
+        self.how, self.at, self.t = how, at, 0
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        if self.how == "reset":
+            raise RuntimeError("cannot place the robot")
+        self.t = 0
+        return np.full(2, 0.5, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        obs, reward = np.full(2, float(self.t), np.float32), 1.0
+        if self.how == "nan" and self.t >= self.at:  # a blown-up state stays NaN
+            obs[1] = np.nan
+        if self.t == self.at:
+            if self.how == "raise":
+                raise ValueError("solver diverged")
+            if self.how == "user":
+                raise UserError("needs the 'ycb' asset set")
+            if self.how == "inf":
+                reward = float("-inf")
+        return obs, reward, False, self.t >= 8, {}
+
+
+def faulty(how: str, at: int = 3):
+    return lambda: Faulty(how, at)
+
+
+@pytest.mark.parametrize("how, message", [
+    ("raise", "env tests.envs.test_serial:Faulty (env index 6, seed 13) raised ValueError: solver diverged while "
+              "stepping (step()). This is a failure of the env, not of Embodied or the policy: its traceback is in the log."),
+    ("nan", "env tests.envs.test_serial:Faulty (env index 6, seed 13) returned NaN/inf at step 3 of its episode: its "
+            "observation 'state' holds NaN."),
+    ("inf", "env tests.envs.test_serial:Faulty (env index 6, seed 13) returned NaN/inf at step 3 of its episode: its "
+            "reward holds -inf."),
+])
+def test_an_env_failing_in_step_is_named_by_id_index_and_seed(how, message):
+    from embodied.errors import EnvError, exit_code_of
+
+    env = SerialVecEnv([faulty("none"), faulty(how)], first_index=5)
+    env.reset(seed=12)
+    env.step(np.zeros(2, np.int64)), env.step(np.zeros(2, np.int64))
+    with pytest.raises(EnvError) as info:
+        env.step(np.zeros(2, np.int64))
+    assert str(info.value).startswith(message) and exit_code_of(info.value) == 3
+    assert info.value.where == {"env_id": "tests.envs.test_serial:Faulty", "env_index": 6, "seed": 13}
+
+
+def test_an_env_failing_to_build_or_reset_is_named_and_user_errors_stay_user_errors():
+    from embodied.errors import EnvError
+
+    with pytest.raises(EnvError, match=r"^env CartPole-v1 \(env index 1\) raised OSError: scene file missing while "
+                                       r"building the env"):
+        SerialVecEnv([faulty("none"), faulty("build")], env_id="CartPole-v1")
+    env = SerialVecEnv([faulty("reset")])
+    with pytest.raises(EnvError, match=r"\(env index 0, seed 4\) raised RuntimeError: cannot place the robot while "
+                                       r"resetting \(reset\(\)\)"):
+        env.reset(seed=4)
+    env = SerialVecEnv([faulty("user")])
+    env.reset(seed=0)
+    env.step(np.zeros(1, np.int64)), env.step(np.zeros(1, np.int64))
+    with pytest.raises(UserError, match="ycb"):
+        env.step(np.zeros(1, np.int64))
+
+
+def test_nan_with_drop_cuts_the_episode_at_its_last_finite_observation():
+    """env.nonfinite=drop: the step is a truncation at the observation the action was taken in,
+    reward 0, not a finished episode; the env is reset; chunks keep only their first step."""
+    env = SerialVecEnv([faulty("none"), faulty("nan")], nonfinite="drop")
+    env.reset(seed=0)
+    env.step(np.zeros(2, np.int64))
+    before = env.step(np.zeros(2, np.int64))
+    res = env.step(np.zeros(2, np.int64))
+    np.testing.assert_array_equal(res.info["nonfinite"], [False, True])
+    np.testing.assert_array_equal(res.reward, [1.0, 0.0])
+    np.testing.assert_array_equal(res.truncated, [False, True])
+    np.testing.assert_array_equal(res.final_obs["state"][1], before.obs["state"][1])
+    np.testing.assert_array_equal(res.obs["state"][1], [0.5, 0.5])  # the reset observation
+    assert not res.episodes.done.any() and env.nonfinite_episodes == 1
+    assert "nonfinite" not in env.step(np.zeros(2, np.int64)).info
+    chunked = SerialVecEnv([faulty("none"), faulty("nan")], nonfinite="drop")
+    chunked.reset(seed=0)
+    c = chunked.chunk_step(np.zeros((2, 4), np.int64))  # the episode of env 1 blows up at its 3rd step
+    np.testing.assert_array_equal(c.valid, [[True] * 4, [True, False, False, False]])
+    np.testing.assert_array_equal(c.truncated[1], [True, False, False, False])
+    np.testing.assert_array_equal(c.rewards[1], [0, 0, 0, 0])
+    np.testing.assert_array_equal(c.final_obs["state"][1], [0.5, 0.5])  # the chunk's decision was made at reset
+    assert c.info["nonfinite"].tolist() == [False, True]
+
+
+def test_the_finite_check_costs_microseconds_not_a_loop_per_value():
+    """The hot path checks whole arrays: a batch of 64 envs with 1000-value observations is
+    checked with a few numpy calls (well under 100 us), and only a failure looks at rows."""
+    import timeit
+
+    from envs.nonfinite import all_finite, bad_rows
+
+    obs, reward = np.zeros((64, 1000), np.float32), np.zeros(64, np.float32)
+    seconds = min(timeit.repeat(lambda: all_finite([reward, obs]), number=200, repeat=3)) / 200
+    assert seconds < 100e-6, seconds
+    obs[7, 3] = np.inf
+    mask, what = bad_rows({"observation 'state'": obs, "reward": reward}, 64)
+    assert mask.tolist() == [i == 7 for i in range(64)] and what == {7: "observation 'state' holds +inf"}

@@ -181,6 +181,11 @@ def test_recipes_lists_bundled_recipes():
     result = embodied("recipes")
     assert result.returncode == 0
     assert "cartpole_ppo" in result.stdout and "halfcheetah_ppo" in result.stdout and "gym_ppo" in result.stdout
+    every = embodied("recipes", "--all")
+    assert every.returncode == 0, every.stderr
+    for section, entry in (("policies", "openvla_oft"), ("env adapters", "maniskill"), ("algorithms", "grpo"),
+                           ("advantage estimators", "rloo"), ("workflows", "embodied")):
+        assert section in every.stdout and f"  {entry} " in every.stdout
 
 
 @pytest.mark.slow
