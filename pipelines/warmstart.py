@@ -37,7 +37,6 @@ from safetensors.torch import save_file
 
 from embodied.config import to_dict
 from embodied.profiler import cache_dir as profile_cache_dir
-from embodied.runtime.weights import WeightSyncer
 from envs.registry import make_vec_env
 from pipelines.collect import resolve_device, to_torch
 from pipelines.config import EmbodiedConfig, WarmStartConfig
@@ -48,7 +47,7 @@ from policies.registry import build_policy
 
 LOG = logging.getLogger("embodied")
 #: Bump when the training code changes what a cached result would be.
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 POLICY_FILE = "policy.safetensors"
 SUMMARY_FILE = "warmstart.json"
 #: Env settings that change how fast demonstrations are collected, not what they are.
@@ -64,6 +63,13 @@ class WarmStartResult:
     path: Path
     metrics: dict[str, Any]
     cached: bool
+
+    def write_summary(self, run_dir: str | Path) -> Path:
+        """``<run_dir>/warmstart.json``: where the run's initial weights came from and how the
+        cloning went (a run's record of its warm start; the cache entry may be deleted later)."""
+        path = Path(run_dir) / SUMMARY_FILE
+        path.write_text(json.dumps({"path": str(self.path), "cached": self.cached, "metrics": self.metrics}, indent=2, default=str) + "\n")
+        return path
 
 
 def cache_root() -> Path:
@@ -150,7 +156,8 @@ def run_warm_start(cfg: EmbodiedConfig, root: str | Path | None = None, log: Cal
         metrics = behaviour_clone(policy, demos, ws, success_rate if ws.stop_at_success else None, seed=cfg.seed, log=log)
         metrics.update({"bc/collect_s": round(collect_s, 2), "bc/frames": len(demos), "bc/episodes": demos.episodes,
                         "bc/expert_attempts": demos.attempted, "bc/expert_successes": demos.succeeded})
-        tensors = {k: v.detach().cpu().contiguous() for k, v in WeightSyncer().tensors(policy).items()}
+        tensors = trained_tensors(policy, metrics.pop("bc/trained"))
+        metrics["bc/trained_tensors"] = len(tensors)
         save_file(tensors, str(work / POLICY_FILE))
         summary = {"config": to_dict(cfg.warmstart), "env": to_dict(cfg.env), "policy": to_dict(policy_cfg), "metrics": metrics}
         (work / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
@@ -161,6 +168,15 @@ def run_warm_start(cfg: EmbodiedConfig, root: str | Path | None = None, log: Cal
     log(f"[warmstart] validation NLL {metrics['bc/val_nll_first']:.3f} -> {metrics['bc/val_nll_last']:.3f} "
         f"after {metrics['bc/epochs']} epochs ({metrics['bc/stop_reason']}); weights in {final}")
     return WarmStartResult(final / POLICY_FILE, metrics, cached=False)
+
+
+def trained_tensors(policy: Policy, names: list[str]) -> dict[str, torch.Tensor]:
+    """The parameters behaviour cloning changed (``names``: those that received gradients), for
+    ``policy.safetensors``. A critic it never trained is left out, so the file also initialises a
+    policy of the same model without one (GRPO) and a PPO run keeps its critic's own
+    initialisation."""
+    params = dict(policy.named_parameters())
+    return {name: params[name].detach().cpu().contiguous() for name in names}
 
 
 def split_episodes(demos: Demonstrations, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -200,12 +216,15 @@ def behaviour_clone(
 ) -> dict[str, Any]:
     """Minimize :func:`nll` of ``demos`` with Adam for up to ``cfg.epochs`` epochs of shuffled
     batches; stop early once ``success_rate()`` (checked every ``cfg.eval_every`` epochs) reaches
-    ``cfg.stop_at_success``, or at ``cfg.time_budget_s``. Returns the metrics (``bc/*``)."""
+    ``cfg.stop_at_success``, or at ``cfg.time_budget_s``. Returns the metrics (``bc/*``), with
+    ``bc/trained`` the names of the parameters that received gradients."""
     device = _device(policy)
     actions = torch.as_tensor(policy.encode_actions(torch.as_tensor(demos.actions))).cpu()  # stored form
     train_rows, val_rows = split_episodes(demos, cfg.val_fraction, seed)
     score_rows = val_rows if len(val_rows) else train_rows
-    params = [p for p in policy.parameters() if p.requires_grad]
+    named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
+    trained: set[str] = set()
     optimizer = torch.optim.Adam(params, lr=cfg.lr)
     generator = np.random.default_rng(seed)
     policy.eval()
@@ -222,6 +241,7 @@ def behaviour_clone(
             loss = nll(policy, to_torch(demos.select(idx), device), actions[idx].to(device))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            trained.update(n for n, p in named if p.grad is not None)
             torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             optimizer.step()
             losses.append(loss.item())
@@ -243,6 +263,7 @@ def behaviour_clone(
         "bc/train_nll_last": float(np.mean(losses[-10:])) if losses else None,
         "bc/epochs": epoch, "bc/steps": steps, "bc/train_s": round(train_s, 2), "bc/stop_reason": stop_reason,
         "bc/success": success, "bc/validation_frames": int(len(val_rows)),
+        "bc/trained": [n for n, _ in named if n in trained],
     })
     return metrics
 

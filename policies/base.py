@@ -70,6 +70,8 @@ class Policy(nn.Module, ABC):
     action_chunk: int = 1
     #: whether ``values`` are produced (PPO needs a critic; GRPO does not).
     has_critic: bool = True
+    #: whether the policy loads a pretrained checkpoint directory from ``policy.path``.
+    loads_path: bool = False
 
     @abstractmethod
     def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> ActionOutput:

@@ -30,6 +30,9 @@ def build_policy(cfg: PolicyConfig, observation_space: gym.spaces.Dict, action_s
             f"policy {cfg.name!r} predicts {policy.action_chunk} action(s) per observation, not "
             f"policy.action_chunk={chunk}; it does not support action chunks."
         )
+    if cfg.path is not None and not policy.loads_path:
+        raise UserError(f"policy.path={cfg.path!r}: policy {cfg.name!r} loads no pretrained checkpoint; remove policy.path "
+                        "(the VLA policies openvla and openvla_oft read one).")
     if cfg.init is not None:
         load_init(policy, cfg.init)
     return policy

@@ -10,22 +10,25 @@ Per env (one episode):
 * reset(seed): the agent and the targets are placed uniformly at random (targets at least
   ``min_separation`` apart and away from the agent), from the seed alone: envs reset with one seed
   start from one layout (GRPO groups).
-* goal: env i of a :class:`VecEnv` of this adapter is asked for ``COLORS[i mod num_targets]``
-  (``env.kwargs.goal`` fixes one colour for every env). Instructions are per env, as the contract
-  has them (``VecEnv.instructions``); a GRPO group of consecutive envs therefore mixes goals (as a
-  LIBERO suite mixes tasks) unless ``goal`` is fixed.
+* goal: env i of a :class:`VecEnv` of this adapter is asked for colour ``(i // task_every) mod
+  num_targets`` of :data:`COLORS` (``env.kwargs.goal`` fixes one colour for every env).
+  Instructions are per env, as the contract has them (``VecEnv.instructions``). GRPO compares the
+  ``algo.group_size`` consecutive envs of a group, reset with one seed: ``task_every`` equal to
+  the group size gives a group one layout AND one goal (one task). The envs of a VecEnv count
+  from 0, and every env chunk of a planned run is a VecEnv of its own: keep the chunk sizes
+  multiples of ``task_every * num_targets`` (the tiny recipes run one chunk).
 * action (2,) in [-1, 1]: the agent moves by ``speed * action`` (clipped to the arena).
 * reward: ``1`` on success (the agent within ``success_radius`` of the goal target; terminated),
   plus, with ``reward="dense"`` (default), the decrease of the distance to the goal at every step
   (potential-based shaping: the best policy is unchanged). ``reward="sparse"``: success only.
 * truncated after ``max_steps`` (default 12; ``env.max_episode_steps`` overrides it).
 * observations: ``rgb`` (S, S, 3) uint8 with S = ``env.image_size`` (dark arena, targets as
-  coloured squares, the agent as a white square), and ``state`` (2 + 2 * num_targets,) float32 =
+  coloured squares, the agent as a white square), and ``state`` (4 + 2 * num_targets,) float32 =
   agent xy, goal target xy, then every target's xy in colour order (the privileged state a
   scripted expert reads). ``env.obs_mode``: ``state``, ``rgb`` or ``state+rgb``.
 
 :func:`expert` is the scripted expert (straight to the goal at full speed), for demonstrations
-(``warmstart.expert=envs.adapters.color_reach:expert``).
+(``warmstart.expert=envs.adapters.color_reach:expert``); :func:`careless_expert` one that misreads the colour in 30% of its episodes.
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ class ColorReach(gym.Env):
         self.agent_px = agent_px or max(2, round(self.size / 8))
         spaces: dict[str, gym.Space] = {}
         if obs_mode != "rgb":
-            spaces["state"] = gym.spaces.Box(-1.0, 1.0, (2 + 2 * num_targets,), np.float32)
+            spaces["state"] = gym.spaces.Box(-1.0, 1.0, (4 + 2 * num_targets,), np.float32)
         if obs_mode != "state":
             spaces["rgb"] = gym.spaces.Box(0, 255, (self.size, self.size, 3), np.uint8)
         self.observation_space = gym.spaces.Dict(spaces)
@@ -127,7 +130,7 @@ class ColorReach(gym.Env):
 
     # --- observations --------------------------------------------------------------------------
     def state(self) -> np.ndarray:
-        """(2 + 2 * num_targets,) float32: agent xy, goal xy, every target's xy."""
+        """(4 + 2 * num_targets,) float32: agent xy, goal xy, every target's xy."""
         return np.concatenate([self.agent, self.targets[self.goal], self.targets.reshape(-1)]).astype(np.float32)
 
     def render(self) -> np.ndarray:
@@ -170,25 +173,50 @@ def expert(obs: dict[str, Any]) -> np.ndarray:
     return np.clip(delta / 0.25, -1.0, 1.0).astype(np.float32)
 
 
+#: The share of episodes in which :func:`careless_expert` heads for the instructed target.
+CARELESS_RELIABILITY = 0.7
+
+
+def careless_expert(obs: dict[str, Any]) -> np.ndarray:
+    """A demonstrator who misreads the colour now and then: :func:`expert`'s moves, towards the
+    instructed target in :data:`CARELESS_RELIABILITY` of the episodes and towards another one
+    otherwise (chosen by a pseudo-random coin of the layout, fixed for an episode). A policy
+    cloned from it reaches targets and mostly the right one; sampling it (as RL's rollouts do)
+    reproduces the slips, greedy decoding mostly not. RL has the slips to remove, as an SFT
+    checkpoint leaves RL its remaining failures. Returns (N, 2) in [-1, 1]."""
+    if "state" not in obs:
+        raise UserError(f"the {ENV_ID} expert reads the 'state' observation: set env.obs_mode=state+rgb.")
+    state = np.asarray(obs["state"], np.float32)
+    goal, targets = state[:, 2:4], state[:, 4:].reshape(len(state), -1, 2)  # (N, 2), (N, num_targets, 2)
+    coin = (np.floor(np.abs(targets).sum(axis=(1, 2)) * 1e4).astype(np.int64) % 1000) / 1000.0  # (N,) in [0, 1)
+    is_goal = np.linalg.norm(targets - goal[:, None], axis=-1) < 1e-6  # (N, num_targets)
+    other = np.argmin(is_goal, axis=1)  # the first target that is not the goal
+    aim = np.where((coin < CARELESS_RELIABILITY)[:, None], goal, targets[np.arange(len(state)), other])
+    return np.clip((aim - state[:, 0:2]) / 0.25, -1.0, 1.0).astype(np.float32)
+
+
 def _claims(env_id: str) -> bool:
     return env_id == ENV_ID
 
 
 @register_adapter("color_reach", _claims, priority=10, doc="ColorReach-v0: a language-conditioned numpy pixel task (VLA tests).")
 def make_color_reach(cfg: EnvConfig, seed: int) -> VecEnv:
-    """``ColorReach-v0`` envs; env i is asked for colour ``i mod num_targets`` (or ``env.kwargs.goal``)."""
+    """``ColorReach-v0`` envs; env i is asked for colour ``(i // task_every) mod num_targets`` (or ``env.kwargs.goal``)."""
     kwargs = dict(cfg.kwargs)
     num_targets = int(kwargs.pop("num_targets", 2))
     fixed = kwargs.pop("goal", None)
+    every = kwargs.pop("task_every", 1)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise UserError(f"env.kwargs.task_every={every!r} must be a positive integer (envs in a row asked for one colour).")
     if cfg.max_episode_steps is not None:
         kwargs["max_steps"] = cfg.max_episode_steps
     backend = resolve_backend(cfg, auto="inprocess")
     colors = list(COLORS)[: max(1, num_targets)]
-    goals = [fixed or colors[i % len(colors)] for i in range(cfg.num_envs)]
+    goals = [fixed or colors[(i // every) % len(colors)] for i in range(cfg.num_envs)]
     make = functools.partial(ColorReach, num_targets=num_targets, image_size=cfg.image_size, obs_mode=cfg.obs_mode, **kwargs)
     try:
         make(goal=goals[0])  # bad kwargs fail here, in this process
     except TypeError as err:
-        raise UserError(f"env.kwargs of {ENV_ID}: {err}. Its parameters: num_targets, goal, speed, success_radius, "
+        raise UserError(f"env.kwargs of {ENV_ID}: {err}. Its parameters: num_targets, goal, task_every, speed, success_radius, "
                         "max_steps, reward, min_separation, target_px, agent_px.") from None
     return vectorize([functools.partial(make, goal=g) for g in goals], cfg, backend, [instruction_of(g) for g in goals])

@@ -51,6 +51,7 @@ class VLAPolicy(Policy):
     #: OpenVLA-OFT's unnormalization adds 1e-8 to (q99 - q01); OpenVLA's does not.
     unnormalize_eps = 0.0
     oft = False
+    loads_path = True
 
     def __init__(
         self, cfg: PolicyConfig, observation_space: gym.spaces.Dict, action_space: gym.spaces.Space, options: dict[str, Any]
