@@ -1,18 +1,25 @@
 """M2Flow: sequential vs chunked pipelines vs the planner's choice, side by side in one run.
 
-Workload (``benchmarks/m2flow_rgb.yaml``): ManiSkill PushCube from 128x128 rgb, 8 envs in one
-simulator process, and a VLA-shaped policy (patch tokens, autoregressive action-token decoding)
-whose inference costs about as much as the simulation. For each configuration the same training
-iterations run for real (Ray workers, channels, PPO updates); the planner's prediction for the
-configuration is recorded next to the measurement.
+Workloads (``--workload``):
 
-    python -m benchmarks.m2flow_pipelining [--iterations 5] [--recipe benchmarks/m2flow_rgb.yaml]
+* ``rgb`` (default; ``benchmarks/m2flow_rgb.yaml``): ManiSkill PushCube from 128x128 rgb, 8 envs
+  in one simulator process, and a VLA-shaped policy (patch tokens, autoregressive action-token
+  decoding) whose inference costs about as much as the simulation; PPO.
+* ``vla`` (the bundled recipe ``maniskill_openvlaoft_grpo_tiny``): a tiny OpenVLA-OFT of the real
+  architecture on ManiSkill PushCube from 32x32 rgb, 8 envs in groups of 4, chunks of 5 actions;
+  GRPO. Its rows go to ``m2flow_pipelining_vla.json``.
+
+For each configuration the same training iterations run for real (Ray workers, channels, updates);
+the planner's prediction for the configuration is recorded next to the measurement.
+
+    python -m benchmarks.m2flow_pipelining [--workload rgb|vla] [--iterations 5] [--recipe PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,14 +64,37 @@ def run_config(cfg: EmbodiedConfig, iterations: int) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class Workload:
+    """A benchmarked workload: its recipe, the chunk counts of the sweep, its result name and title."""
+
+    recipe: str
+    chunks: tuple[int, ...]
+    name: str
+    title: str
+
+
+WORKLOADS = {
+    "rgb": Workload(str(HERE / "m2flow_rgb.yaml"), (2, 4), "m2flow_pipelining",
+                    "M2Flow on 2 CPU cores: ManiSkill rgb + token-decoding policy, one iteration (predicted)"),
+    # GRPO groups of 4 of 8 envs: a chunk holds whole groups
+    "vla": Workload("maniskill_openvlaoft_grpo_tiny", (2,), "m2flow_pipelining_vla",
+                    "M2Flow on 2 CPU cores: tiny OpenVLA-OFT (GRPO) on ManiSkill rgb, one iteration (predicted)"),
+}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipe", default=str(HERE / "m2flow_rgb.yaml"))
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="rgb")
+    parser.add_argument("--recipe", default=None, help="another recipe for the workload (default: the workload's)")
     parser.add_argument("--iterations", type=int, default=5)
-    parser.add_argument("--name", default="m2flow_pipelining")
+    parser.add_argument("--name", default=None, help="result name (default: the workload's)")
     parser.add_argument("--reprofile", action="store_true", help="measure the profile again (do it on a quiet machine)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
+    workload = WORKLOADS[args.workload]
+    args.recipe = args.recipe or workload.recipe
+    args.name = args.name or workload.name
     _, data = load_recipe(args.recipe)
     base = apply_overrides(EmbodiedConfig, data, ["plan.replan_threshold=0", *args.overrides])
 
@@ -74,8 +104,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     choice, bound = planned.best, planned.bound
     configs = {
         "sequential": ["plan.mode=colocated", "plan.chunks=1"],
-        "2 chunks": ["plan.chunks=2"],
-        "4 chunks": ["plan.chunks=4"],
+        **{f"{k} chunks": [f"plan.chunks={k}"] for k in workload.chunks},
         "planner": [],
     }
     results: dict[str, Any] = {}
@@ -116,10 +145,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     png = plot_timelines(
         {"sequential (1 chunk, colocated)": simulate(seq_plan, profile, workflow, resources),
          f"planner's choice ({choice.mode}, {choice.num_chunks} chunks)": simulate(choice, profile, workflow, resources)},
-        RESULTS / f"{args.name}_timeline.png", title="M2Flow on 2 CPU cores: ManiSkill rgb + token-decoding policy, one iteration (predicted)",
+        RESULTS / f"{args.name}_timeline.png", title=workload.title,
     )
     result = {
         "benchmark": "m2flow_pipelining",
+        "workload_name": args.workload,
         "command": "python -m benchmarks.m2flow_pipelining " + " ".join(argv or []),
         "workload": {"recipe": Path(args.recipe).name, "env": base.env.id, "obs_mode": base.env.obs_mode,
                      "num_envs": base.env.num_envs, "rollout_steps": base.algo.rollout_steps, "policy": base.policy.name,

@@ -1,7 +1,7 @@
 """The ``embodied`` command line.
 
     embodied train [RECIPE] [key=value ...]     train (default recipe: maniskill_pushcube_ppo)
-    embodied eval RUN_DIR_OR_CHECKPOINT [episodes=N] [key=value ...]
+    embodied eval RUN_DIR|CHECKPOINT|RECIPE [episodes=N] [suite=ID episodes_per_task=N] [key=value ...]
     embodied recipes                            list bundled recipes
     embodied plan RECIPE [key=value ...] [--profile]   show the M2Flow planner's choice
     embodied config RECIPE [KEY] [key=value ...]        every config key: value, type, default, doc
@@ -66,9 +66,20 @@ def build_train_config(args: list[str]):
             raise UserError(f"resume={resume} continues recipe {data.get('recipe')!r}; do not name another recipe ({recipe!r}).")
         cfg = apply_overrides(schema_of(data), data, rest)
         find_checkpoint(resume, fallback=cfg.resume_fallback)  # a corrupt latest checkpoint: a clear error now
-        return cfg
+        return _without_init(cfg)
     _, data = load_recipe(recipe or DEFAULT_RECIPE)
     return apply_overrides(schema_of(data), data, rest)
+
+
+def _without_init(cfg):
+    """A resumed run's config without ``policy.init``: its checkpoint holds every tensor that trains,
+    which is all a warm start or an init file sets (and a warm start's cache entry may be gone)."""
+    policy = getattr(cfg, "policy", None)
+    if getattr(policy, "init", None) is None:
+        return cfg
+    import dataclasses
+
+    return dataclasses.replace(cfg, policy=dataclasses.replace(policy, init=None))
 
 
 def cmd_train(args: list[str]) -> int:
@@ -84,10 +95,16 @@ def cmd_train(args: list[str]) -> int:
     cfg = build_train_config(args)
     workflow = WORKFLOWS.get(cfg.workflow).build(cfg)
     spaces = workflow.preflight()  # env id, policy vs action space, files: fail before a run dir is touched
+    # behaviour cloning first (cached), when the recipe asks for it; a resumed run has its weights
+    cfg, warm = warm_start(cfg) if cfg.resume is None else (cfg, None)
+    if warm is not None:  # the workflow starts from the cloned weights (policy.init)
+        workflow = WORKFLOWS.get(cfg.workflow).build(cfg)
     if cfg.resume is not None:  # the new config must build the model the checkpoint holds
         workflow.check_checkpoint(find_checkpoint(cfg.resume, fallback=cfg.resume_fallback), *spaces)
     with RunDir.create(cfg, resume=cfg.resume is not None) as run, open_run_log(run.path):
         LOG.info(f"[embodied] recipe {cfg.recipe} -> {run.path} (logs in {run.path / 'logs'})")
+        if warm is not None:
+            warm.write_summary(run.path)
         runner = Runner(cfg, run, workflow)
         try:
             summary = runner.run()
@@ -95,6 +112,17 @@ def cmd_train(args: list[str]) -> int:
             return report_failure(exc, runner.failure_context())
         _print_summary(summary, run.path)
     return 0
+
+
+def warm_start(cfg):
+    """``cfg`` with ``policy.init`` set to its behaviour-cloning warm start (``warmstart.*``, cached),
+    and the warm start's result; ``(cfg, None)`` for configs without one (other workflows, no
+    ``warmstart.expert``)."""
+    if getattr(getattr(cfg, "warmstart", None), "expert", None) is None:
+        return cfg, None
+    from pipelines.warmstart import apply_warm_start
+
+    return apply_warm_start(cfg)
 
 
 def _print_summary(summary: dict[str, Any], run_dir: Path | None = None) -> None:
@@ -109,30 +137,57 @@ def _print_summary(summary: dict[str, Any], run_dir: Path | None = None) -> None
     LOG.info("[embodied] done: " + ", ".join(parts) + where)
 
 
-def cmd_eval(args: list[str]) -> int:
-    from embodied.checkpoint import find_checkpoint, load_checkpoint
-    from pipelines.embodied import evaluate_weights
-    from pipelines.preflight import preflight
-    from pipelines.workflow import schema_of
+#: ``embodied eval`` keys that are not config keys: the suite evaluation's (pipelines/suite_eval.py).
+SUITE_KEYS = ("suite", "episodes_per_task", "out")
+#: ``embodied eval`` shorthands for ``eval.*`` keys.
+EVAL_KEYS = ("episodes", "num_envs", "deterministic", "video")
 
+
+def cmd_eval(args: list[str]) -> int:
+    """``embodied eval TARGET [episodes=N] [suite=ID episodes_per_task=N out=DIR] [key=value ...]``.
+
+    TARGET is a run dir or checkpoint (its config and weights), or a recipe (its initial policy:
+    a pretrained ``policy.path``, a warm start, ``policy.init``). Without ``suite=`` the policy
+    runs ``eval.episodes`` episodes of its env and the result is printed as JSON; with it, every
+    task the suite id names (``libero_spatial``, ``PushCube-v1,PickCube-v1``, ...) runs
+    ``episodes_per_task`` episodes and the per-task table is printed and written, as JSON and
+    Markdown with a video per task, to ``out`` (default: ``<run dir>/suite-<suite>-<checkpoint>``,
+    or ``runs/<recipe>-suite-<suite>`` for a recipe)."""
     if not args:
-        raise UserError("embodied eval needs a run dir or checkpoint: embodied eval RUN_DIR [episodes=N] [key=value ...]")
-    target, overrides = args[0], args[1:]
-    ckpt = find_checkpoint(target)
-    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else Path(target)
-    if not (run_dir / "config.yaml").is_file():
-        raise UserError(f"No config.yaml next to checkpoint {ckpt}: expected {run_dir / 'config.yaml'}.")
-    data = load_yaml(run_dir / "config.yaml")
-    overrides = [f"eval.{o}" if o.split("=", 1)[0] in ("episodes", "num_envs", "deterministic", "video") else o for o in overrides]
-    cfg = apply_overrides(schema_of(data), {**data, "resume": None}, overrides)
-    obs_space, action_space = preflight(cfg)
-    model, _, state = load_checkpoint(ckpt)
-    video_dir = (run_dir / "videos" / f"eval-{ckpt.name}") if cfg.eval.video else None
-    result = evaluate_weights(cfg, obs_space, action_space, model, video_dir)
-    result["checkpoint"] = str(ckpt)
-    result["env_steps"] = state.get("env_steps")
-    print(json.dumps(result, indent=2))
+        raise UserError("embodied eval needs a run dir, checkpoint or recipe: embodied eval RUN_DIR [episodes=N] "
+                        "[suite=libero_spatial episodes_per_task=N] [key=value ...]")
+    target, rest = args[0], args[1:]
+    suite: dict[str, Any] = {}
+    overrides = []
+    for text in rest:
+        key, value = parse_override(text)
+        if key in SUITE_KEYS:
+            suite[key] = value
+        else:
+            overrides.append(f"eval.{text}" if key in EVAL_KEYS else text)
+    if "suite" not in suite and set(suite) - {"suite"}:
+        raise UserError(f"embodied eval: {', '.join(sorted(suite))} belong to a suite evaluation; add suite=ID "
+                        "(a LIBERO suite such as libero_spatial, or comma-separated env ids).")
+    evaluation = load_evaluation(target, overrides)
+    if "suite" not in suite:
+        result = evaluation.evaluate()
+        print(json.dumps(result, indent=2))
+        return 0
+    # a suite's table comes with a video per task unless video=false is given
+    video = evaluation.cfg.eval.video if any(o.startswith("eval.video=") for o in overrides) else True
+    table, out = evaluation.evaluate_suite(str(suite["suite"]), suite.get("episodes_per_task", 50), suite.get("out"), video)
+    print(table.to_markdown(), end="")
+    videos = sum(1 for t in table.tasks if t.video)
+    print(f"\nwritten: {out / 'suite_results.json'}, {out / 'suite_results.md'}"
+          + (f" and {videos} video(s) in {out / 'videos'}" if videos else ""))
     return 0
+
+
+def load_evaluation(target: str, overrides: list[str]):
+    """The :class:`pipelines.evaluate_cli.Evaluation` of ``target`` (a run dir, checkpoint or recipe)."""
+    from pipelines.evaluate_cli import Evaluation
+
+    return Evaluation.of(target, overrides, build_train_config)
 
 
 def cmd_config(args: list[str]) -> int:
@@ -193,7 +248,7 @@ def cmd_recipes(args: list[str]) -> int:
 
 COMMANDS = {
     "train": (cmd_train, "train a policy: embodied train [RECIPE] [key=value ...]"),
-    "eval": (cmd_eval, "evaluate a run or checkpoint: embodied eval PATH [episodes=N]"),
+    "eval": (cmd_eval, "evaluate a run, checkpoint or recipe: embodied eval PATH [episodes=N] [suite=ID episodes_per_task=N]"),
     "recipes": (cmd_recipes, "list the bundled recipes (--all: also policies, env adapters, algorithms, workflows)"),
     "config": (cmd_config, "document the config: embodied config RECIPE [KEY] [key=value ...]"),
 }

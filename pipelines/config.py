@@ -209,6 +209,63 @@ class PlanConfig:
 
 
 @dataclass
+class WarmStartConfig:
+    """Behaviour cloning before RL (``warmstart.*``): demonstrations of an expert, recorded as the
+    policy sees them, and a few epochs of their negative log-likelihood through the policy's
+    ``evaluate`` (token policies score the action tokens of ``encode_actions``). The result is
+    cached by config; ``policy.init`` is set to it. docs/vla.md#warm-start."""
+
+    expert: str | None = None
+    """Who demonstrates: ``package.module:function`` (a scripted expert: a batch of observations,
+    numpy, -> env actions (N, A)), or a run dir of a trained policy that acts on this env's
+    ``state`` observation (e.g. a state-PPO run of the same task; ManiSkill: ``env.obs_mode=state+rgb``
+    gives the VLA its images and the expert its state). None: no warm start."""
+    episodes: int = 64
+    """Demonstration episodes kept."""
+    num_envs: int = 8
+    """Envs that record demonstrations in parallel."""
+    successful_only: bool = True
+    """Keep only the episodes the expert finished successfully (envs without a success signal: all)."""
+    expert_noise: float = 0.0
+    """Gaussian noise (std, in units of half the action range) added to the action the env executes,
+    while the expert's own action is recorded: demonstrations then show how to recover from small
+    errors (DART)."""
+    epochs: int = 20
+    """Passes over the demonstrations, at most."""
+    batch_size: int = 64
+    """Frames per optimizer step."""
+    lr: float = 1.0e-3
+    """Adam learning rate."""
+    max_grad_norm: float = 1.0
+    """Gradient norm clip."""
+    val_fraction: float = 0.1
+    """Share of the episodes held out to measure the validation NLL (at least one when there are two)."""
+    stop_at_success: float = 0.0
+    """Stop once the evaluated success rate reaches this (0: run every epoch). A warm start that
+    already succeeds often leaves RL little to show; one that never succeeds gives GRPO no signal."""
+    eval_every: int = 1
+    """Epochs between the evaluations of ``stop_at_success``."""
+    eval_episodes: int = 32
+    """Episodes per evaluation of ``stop_at_success``."""
+    eval_deterministic: bool = False
+    """Evaluate ``stop_at_success`` with the policy's mode; False samples, as RL's rollouts do."""
+    time_budget_s: float = 0.0
+    """Stop training after this many seconds (0: no limit)."""
+
+    def __post_init__(self) -> None:
+        problems = [f"warmstart.{k} must be >= 1 (got {getattr(self, k)})"
+                    for k in ("episodes", "num_envs", "epochs", "batch_size", "eval_every", "eval_episodes") if getattr(self, k) < 1]
+        if self.lr <= 0 or self.max_grad_norm <= 0:
+            problems.append("warmstart.lr and warmstart.max_grad_norm must be > 0")
+        if self.expert_noise < 0 or self.time_budget_s < 0:
+            problems.append("warmstart.expert_noise and warmstart.time_budget_s must be >= 0")
+        if not 0 <= self.val_fraction < 1 or not 0 <= self.stop_at_success <= 1:
+            problems.append("warmstart.val_fraction must be in [0, 1) and warmstart.stop_at_success in [0, 1]")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+@dataclass
 class EmbodiedConfig:
     """A training run of an embodied policy: envs, rollout and trainer workers, PPO or GRPO."""
 
@@ -232,6 +289,7 @@ class EmbodiedConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     algo: EmbodiedAlgoConfig = field(default_factory=EmbodiedAlgoConfig)
+    warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)

@@ -48,6 +48,7 @@ from scheduler import Workflow as PlannerWorkflow
 
 LOG = logging.getLogger("embodied")
 RETURN_WINDOW = 20
+EVAL_SEED_OFFSET = 10_000_000  # evaluation episodes start from seeds apart from training's
 MIN_THREAD_SCALING = 0.3  # fitted parallel efficiency below which extra cores get no threads
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LP_NUM_THREADS")
 
@@ -315,21 +316,31 @@ class EmbodiedWorkflow(Workflow):
         return evaluate_weights(self.cfg, self.obs_space, self.action_space, state_of(payload), video_dir)
 
 
-def evaluate_weights(cfg: EmbodiedConfig, obs_space: Any, action_space: Any, state: dict[str, Any], video_dir: Path | None) -> dict[str, Any]:
-    """Build the policy, load ``state`` (all tensors, or the trainable ones over a frozen base) and
-    evaluate it on ``cfg.eval`` episodes."""
+def policy_with_weights(cfg: EmbodiedConfig, obs_space: Any, action_space: Any, state: dict[str, Any] | None) -> Any:
+    """The policy of ``cfg`` on the rollout device, with ``state`` loaded (all tensors, or the
+    trainable ones over a frozen base); ``state`` None keeps the config's own weights (a
+    pretrained ``policy.path``, ``policy.init``)."""
     import torch
 
-    device = resolve_device(cfg.workers.rollout_device)
-    policy = build_policy(cfg.policy, obs_space, action_space).to(device)
+    policy = build_policy(cfg.policy, obs_space, action_space).to(resolve_device(cfg.workers.rollout_device))
+    if state is None:
+        return policy
     missing, unexpected = policy.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()}, strict=False)
     trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
     if unexpected or trainable & set(missing):
         raise ValueError(f"weights do not fit the policy: missing {sorted(trainable & set(missing))}, unexpected {sorted(unexpected)}")
+    return policy
+
+
+def evaluate_weights(cfg: EmbodiedConfig, obs_space: Any, action_space: Any, state: dict[str, Any] | None,
+                     video_dir: Path | None) -> dict[str, Any]:
+    """Build the policy, load ``state`` (see :func:`policy_with_weights`) and evaluate it on
+    ``cfg.eval`` episodes."""
+    policy = policy_with_weights(cfg, obs_space, action_space, state)
     return evaluate_policy(
-        policy, cfg.env, cfg.eval.episodes, seed=cfg.seed + 10_000_000,
+        policy, cfg.env, cfg.eval.episodes, seed=cfg.seed + EVAL_SEED_OFFSET,
         num_envs=cfg.eval.num_envs or min(cfg.eval.episodes, cfg.env.num_envs),
-        deterministic=cfg.eval.deterministic, device=device, video_dir=video_dir,
+        deterministic=cfg.eval.deterministic, device=resolve_device(cfg.workers.rollout_device), video_dir=video_dir,
     )
 
 

@@ -18,8 +18,11 @@ def preflight(cfg) -> tuple[Any, Any]:
         obs_space, action_space = env.observation_space, env.action_space
     finally:
         env.close()
+    policy_cfg = cfg.policy
+    if getattr(getattr(cfg, "warmstart", None), "expert", None) is not None:
+        policy_cfg = dataclasses.replace(policy_cfg, init=None)  # the warm start sets it
     try:
-        build_policy(cfg.policy, obs_space, action_space)
+        build_policy(policy_cfg, obs_space, action_space)
     except UserError:
         raise
     except (TypeError, ValueError, RuntimeError) as err:

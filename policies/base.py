@@ -70,6 +70,8 @@ class Policy(nn.Module, ABC):
     action_chunk: int = 1
     #: whether ``values`` are produced (PPO needs a critic; GRPO does not).
     has_critic: bool = True
+    #: whether the policy loads a pretrained checkpoint directory from ``policy.path``.
+    loads_path: bool = False
 
     @abstractmethod
     def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> ActionOutput:
@@ -88,6 +90,14 @@ class Policy(nn.Module, ABC):
 
     def update_normalizer(self, obs: dict[str, torch.Tensor]) -> None:
         """Update input-normalization statistics from a batch (no-op by default)."""
+
+    def encode_actions(self, env_actions: torch.Tensor) -> torch.Tensor:
+        """The stored form of actions an env executes: what ``act`` would return as ``actions``
+        for them, and what ``evaluate`` scores. ``env_actions``: (B, *action_shape), or
+        (B, C, *action_shape) with ``action_chunk`` C > 1. The identity for policies whose env
+        actions are their actions (the default); token policies tokenize (a VLA: normalize, then
+        its action tokens). Behaviour cloning scores demonstrations with it."""
+        return env_actions
 
 
 def space_dims(observation_space: gym.spaces.Dict, action_space: gym.spaces.Space) -> tuple[int, int, bool]:

@@ -25,3 +25,13 @@ class PolicyConfig:
     another (``chunk_step``) and PPO treats the chunk as one decision. 1: one action per step."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra model-specific arguments."""
+    path: str | None = None
+    """Directory of a pretrained checkpoint, for the policies that load one (``openvla``,
+    ``openvla_oft``: the official release layout, docs/vla.md); the same as ``policy.kwargs.path``.
+    Other policies refuse it."""
+    init: str | None = None
+    """Weights to start from: a ``.safetensors`` file of the policy's tensors (a behaviour-cloning
+    warm start's ``policy.safetensors``), a checkpoint dir, or a run dir (its latest checkpoint).
+    Every tensor in it must be one of the policy's, of the same shape; the policy's tensors it
+    lacks (a value head the warm start did not train) keep their initialisation. None: the
+    model's own initialisation (``warmstart.*`` sets it after behaviour cloning)."""

@@ -58,6 +58,11 @@ render exactly as LIBERO's datasets; ``env.kwargs`` trade that for speed:
   episode is no longer bit-identical to the same state in a fresh env;
 * ``env.image_size`` sets the camera size (it barely changes the cost on a software renderer).
 
+Tasks per env: env i runs task ``(i // task_every) mod T`` (``env.kwargs.task_every``, default 1:
+round robin). GRPO on a whole suite sets it to ``algo.group_size``, so the envs of a group (reset
+with one seed) run one task from one initial state. A VecEnv counts its envs from 0, and every env
+chunk of a planned run is its own VecEnv: keep chunk sizes multiples of ``task_every``.
+
 Every other key of ``env.kwargs`` goes to LIBERO's ``ControlEnv`` (robosuite's env arguments).
 """
 
@@ -99,7 +104,7 @@ SETTLE_ACTION = np.array([0, 0, 0, 0, 0, 0, -1], np.float64)
 INIT_STATE_MODES = ("fixed", "random")
 AGENT_CAMERA = "agentview"
 #: Our keys of ``env.kwargs``; the rest go to LIBERO's ControlEnv.
-OWN_KWARGS = ("init_states", "num_settle_steps", "render", "wrist_camera", "fast_render")
+OWN_KWARGS = ("init_states", "num_settle_steps", "render", "wrist_camera", "fast_render", "task_every")
 
 
 # --- suites, tasks, initial states ------------------------------------------------------------------
@@ -263,16 +268,26 @@ def init_state_index(seed: int, num_tasks: int, num_states: int) -> int:
     return (int(seed) // num_tasks) % num_states
 
 
-def envs_per_task(num_envs: int, num_tasks: int) -> list[int]:
-    """For each env i (running task ``i % num_tasks``), how many envs of the batch run its task:
+def task_index(env: int, num_tasks: int, every: int = 1) -> int:
+    """The task env ``env`` of a batch runs: ``(env // every) mod num_tasks`` (``every``: envs in a
+    row on one task, ``env.kwargs.task_every``; GRPO groups of a suite set it to the group size,
+    so that a group's envs, reset with one seed, run one task from one state)."""
+    return (env // every) % num_tasks
+
+
+def envs_per_task(num_envs: int, num_tasks: int, every: int = 1) -> list[int]:
+    """For each env i (running task :func:`task_index`), how many envs of the batch run its task:
     the step its initial state advances by from one episode to the next."""
-    return [len(range(i % num_tasks, num_envs, num_tasks)) for i in range(num_envs)]
+    counts = [0] * num_tasks
+    for i in range(num_envs):
+        counts[task_index(i, num_tasks, every)] += 1
+    return [counts[task_index(i, num_tasks, every)] for i in range(num_envs)]
 
 
-def env_tasks(env_id: str, num_envs: int) -> list[LiberoTask]:
-    """The task each of ``num_envs`` envs runs for ``env_id`` (env i: task i mod num_tasks)."""
+def env_tasks(env_id: str, num_envs: int, every: int = 1) -> list[LiberoTask]:
+    """The task each of ``num_envs`` envs runs for ``env_id`` (:func:`task_index`)."""
     _, tasks = parse_id(env_id)
-    return [tasks[i % len(tasks)] for i in range(num_envs)]
+    return [tasks[task_index(i, len(tasks), every)] for i in range(num_envs)]
 
 
 # --- one LIBERO task as a gymnasium env -------------------------------------------------------------
@@ -450,13 +465,16 @@ def make_libero(cfg: EnvConfig, seed: int) -> VecEnv:
     mode = kwargs.pop("init_states", "fixed")
     if mode not in INIT_STATE_MODES:
         raise UserError(f"env.kwargs.init_states={mode!r}; use one of {', '.join(INIT_STATE_MODES)}.")
+    every = kwargs.pop("task_every", 1)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise UserError(f"env.kwargs.task_every={every!r} must be a positive integer (envs in a row on one task).")
     max_steps = cfg.max_episode_steps or max_episode_steps(suite)
     states = [load_init_states(t) for t in tasks]
     env_fns = [
         functools.partial(
             LiberoEnv,
-            tasks[i % len(tasks)].bddl_file,
-            states[i % len(tasks)],
+            tasks[task_index(i, len(tasks), every)].bddl_file,
+            states[task_index(i, len(tasks), every)],
             num_tasks=len(tasks),
             state_stride=stride,
             init_state_mode=mode,
@@ -466,7 +484,7 @@ def make_libero(cfg: EnvConfig, seed: int) -> VecEnv:
             seed=seed + i,
             **kwargs,
         )
-        for i, stride in enumerate(envs_per_task(cfg.num_envs, len(tasks)))
+        for i, stride in enumerate(envs_per_task(cfg.num_envs, len(tasks), every))
     ]
-    instructions = [t.instruction for t in env_tasks(cfg.id, cfg.num_envs)]
+    instructions = [t.instruction for t in env_tasks(cfg.id, cfg.num_envs, every)]
     return vectorize(env_fns, cfg, resolve_backend(cfg, auto="multiprocess"), instructions)

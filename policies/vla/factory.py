@@ -94,15 +94,21 @@ def parse_kwargs(kwargs: dict[str, Any], defaults: dict[str, Any], policy: str) 
                 raise UserError(f"policy.kwargs.tiny={value!r} must be a mapping of tiny-model sizes ({{}} for the defaults).")
     if (options["path"] is None) == (options["tiny"] is None):
         raise UserError(
-            f"policy {policy!r} needs exactly one of policy.kwargs.path (an OpenVLA checkpoint directory) and "
-            "policy.kwargs.tiny (a random tiny model: {} or sizes such as {llm_width: 64})."
+            f"policy {policy!r} needs exactly one of policy.kwargs.path (or policy.path=DIR: an OpenVLA checkpoint "
+            "directory in the official layout) and policy.kwargs.tiny (a random tiny model: {} or sizes such as "
+            "{llm_width: 64})."
         )
     return options
 
 
 def _build(cfg: PolicyConfig, observation_space: gym.spaces.Dict, action_space: gym.spaces.Space, oft: bool) -> Policy:
     name = "openvla_oft" if oft else "openvla"
-    options = parse_kwargs(dict(cfg.kwargs), OFT_KWARGS if oft else VLA_KWARGS, name)
+    kwargs = dict(cfg.kwargs)
+    if cfg.path is not None:
+        if kwargs.get("path") not in (None, cfg.path):
+            raise UserError(f"policy.path={cfg.path!r} and policy.kwargs.path={kwargs['path']!r} name two checkpoints; give one.")
+        kwargs["path"] = cfg.path
+    options = parse_kwargs(kwargs, OFT_KWARGS if oft else VLA_KWARGS, name)
     try:
         from policies.vla.policy import OpenVLAOFTPolicy, OpenVLAPolicy
     except ImportError as err:

@@ -51,6 +51,7 @@ class VLAPolicy(Policy):
     #: OpenVLA-OFT's unnormalization adds 1e-8 to (q99 - q01); OpenVLA's does not.
     unnormalize_eps = 0.0
     oft = False
+    loads_path = True
 
     def __init__(
         self, cfg: PolicyConfig, observation_space: gym.spaces.Dict, action_space: gym.spaces.Space, options: dict[str, Any]
@@ -224,6 +225,14 @@ class VLAPolicy(Policy):
         mask = torch.ones_like(tokens, dtype=torch.bool) if self.token_level else None
         return ActionOutput(shaped, self._level(log_probs), self._value(prompt_hidden),
                             self._env_actions(normalized), mask)
+
+    def encode_actions(self, env_actions: torch.Tensor) -> torch.Tensor:
+        """Env actions (B, A) or (B, C, A) in the dataset's units -> the action token ids (B, C, A)
+        long that ``act`` would return for them: BOUNDS_Q99-normalized (clipped to [-1, 1]), then
+        OpenVLA's 256 bins (the inverse of ``env_actions`` within half a bin)."""
+        actions = torch.as_tensor(env_actions).to(self.model.device)
+        shaped = actions.reshape(actions.shape[0], self.action_chunk, self.action_dim)  # (B, C, A)
+        return self.model.action_tokenizer.encode(self.action_stats.normalize(shaped))
 
     # -- training state ------------------------------------------------------------------------------
 

@@ -400,3 +400,11 @@ def test_mj_fullM_fix_steps_on_this_mujoco_and_keeps_plain_robosuite_working():
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "STEPPED" in out.stdout, out.stderr[-3000:]
+
+
+def test_task_every_keeps_consecutive_envs_on_one_task():
+    tasks = lib.env_tasks("libero_spatial", 24, every=8)
+    assert [t.index for t in tasks] == [0] * 8 + [1] * 8 + [2] * 8
+    assert lib.envs_per_task(24, 10, every=8) == [8] * 24
+    assert lib.envs_per_task(20, 2, every=4) == [12] * 4 + [8] * 4 + [12] * 4 + [8] * 4 + [12] * 4
+    assert lib.envs_per_task(12, 10) == [len(range(i % 10, 12, 10)) for i in range(12)]  # every=1: round robin
