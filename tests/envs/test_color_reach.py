@@ -7,7 +7,7 @@ import pytest
 
 from embodied.errors import UserError
 from envs.adapters.color_reach import (
-    AGENT, BACKGROUND, COLORS, ColorReach, colour_blind_expert, expert, instruction_of,
+    AGENT, BACKGROUND, COLORS, ColorReach, careless_expert, expert, instruction_of,
 )
 from envs.config import EnvConfig
 from envs.registry import make_vec_env
@@ -69,7 +69,7 @@ def test_the_frame_shows_the_agent_and_the_targets_where_the_state_says():
     assert (frame == np.array(BACKGROUND, np.uint8)).all(-1).mean() > 0.8
 
 
-def test_the_expert_succeeds_and_the_colour_blind_expert_half_the_time():
+def test_the_expert_succeeds_and_the_careless_expert_in_about_70_percent():
     def success_rate(act, episodes=200):
         wins = 0
         for seed in range(episodes):
@@ -84,17 +84,17 @@ def test_the_expert_succeeds_and_the_colour_blind_expert_half_the_time():
         return wins / episodes
 
     assert success_rate(expert) == 1.0
-    assert 0.4 <= success_rate(colour_blind_expert) <= 0.65
+    assert 0.55 <= success_rate(careless_expert) <= 0.8  # CARELESS_RELIABILITY = 0.7 of the episodes
     with pytest.raises(UserError, match="state"):
         expert({"rgb": np.zeros((1, 32, 32, 3), np.uint8)})
 
 
-def test_the_colour_blind_expert_keeps_its_target_for_the_episode():
+def test_the_careless_expert_keeps_its_target_for_the_episode():
     env = ColorReach(goal="red")
     obs, _ = env.reset(seed=11)
     state = np.repeat(obs["state"][None], 2, axis=0)
     state[1, 0:2] = [0.3, -0.2]  # the agent elsewhere: the layout, hence the chosen target, is the same
-    moves = colour_blind_expert({"state": state})
+    moves = careless_expert({"state": state})
     aims = [obs["state"][4:6], obs["state"][6:8]]
     chosen = [min(range(2), key=lambda k, i=i: np.linalg.norm(np.clip((aims[k] - state[i, 0:2]) / 0.25, -1, 1) - moves[i]))
               for i in range(2)]
