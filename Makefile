@@ -6,7 +6,7 @@ RECIPE ?=
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: train test setup setup-train bench lint clean
+.PHONY: train test test-heavy setup setup-train bench lint clean
 
 setup-train:
 	@bash scripts/setup.sh $(VENV) train
@@ -18,7 +18,11 @@ train: setup-train
 	$(VENV)/bin/embodied train $(RECIPE) $(ARGS)
 
 test: setup
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -m "not heavy" $(PYTEST_ARGS)
+
+# the kill -9 fault tests, trainer ranks and the two-node cluster (~8 min on 2 cores)
+test-heavy: setup
+	$(VENV)/bin/python -m pytest -m heavy $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/lint-imports

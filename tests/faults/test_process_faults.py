@@ -13,7 +13,7 @@ import pytest
 from embodied.checkpoint import iteration_of, latest_checkpoint
 from tests.faults.harness import TINY, assert_every_iteration_once, read_rows
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 #: The env of these runs steps in 2 env processes, so every kind of process exists.
 LONG = [*TINY, "env.backend=multiprocess", "env.num_procs=2", "checkpoint.every=1", "algo.total_env_steps=100000"]

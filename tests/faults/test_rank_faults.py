@@ -12,7 +12,7 @@ import pytest
 
 from tests.faults.harness import TINY, assert_every_iteration_once, read_rows
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 #: Every collective of the trainer ranks (gloo) and every wait is bounded by this.
 TIMEOUT_S = 30
