@@ -48,7 +48,8 @@ class Evaluation:
     def of(cls, target: str, overrides: list[str], build_config: Callable[[list[str]], Any]) -> Evaluation:
         """``target``: a run dir or checkpoint dir (an existing path), else a recipe for
         ``build_config`` (``embodied train``'s config builder)."""
-        if Path(target).exists() and Path(target).is_dir():
+        looks_like_a_path = "/" in target and not target.endswith((".yaml", ".yml"))
+        if Path(target).is_dir() or looks_like_a_path:  # a missing run dir: "No run or checkpoint at ..."
             return cls._of_checkpoint(target, overrides)
         cfg = build_config([target, *overrides])
         _check_embodied(cfg, target)
