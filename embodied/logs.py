@@ -40,6 +40,7 @@ import logging
 import multiprocessing
 import os
 import socket
+import threading
 import sys
 import textwrap
 import time
@@ -166,6 +167,19 @@ class _TerminalFormatter(logging.Formatter):
         return prefix + message
 
 
+def _log_thread_exception(args: threading.ExceptHookArgs) -> None:
+    """``threading.excepthook`` while a run log is open: the thread's traceback to the log file,
+    one warning line to the terminal."""
+    if args.exc_type is SystemExit:
+        return
+    name = args.thread.name if args.thread is not None else "a thread"
+    log = logging.getLogger(__name__)
+    log.error("exception in thread %s", name, exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+              extra={"terminal": False})
+    log.warning("background thread %s failed: %s: %s (traceback in the run's logs/driver.log)", name,
+                args.exc_type.__name__, args.exc_value)
+
+
 class RunLog:
     """The driver's log setup for one run (see :func:`open_run_log`). ``close`` undoes it."""
 
@@ -196,6 +210,10 @@ class RunLog:
         os.environ[LABEL_ENV] = DRIVER_LABEL
         self._ray_state: dict[str, tuple[int, bool, list[logging.Handler]]] = {}
         self._closed = False
+        # a library's background thread that dies (TensorBoard's writer on a full disk) would print
+        # its traceback on the terminal: the traceback goes to the log, one line to the terminal
+        self._thread_hook = threading.excepthook
+        threading.excepthook = _log_thread_exception
         logging.getLogger(__name__).debug(
             "run log opened: pid %d on %s, python %s, argv %s", os.getpid(), socket.gethostname(),
             sys.version.split()[0], sys.argv,
@@ -239,6 +257,8 @@ class RunLog:
             root.addHandler(_console)
         self._file.close()
         logging.captureWarnings(self._captured_warnings)
+        if threading.excepthook is _log_thread_exception:
+            threading.excepthook = self._thread_hook
         for name, (level, propagate, handlers) in self._ray_state.items():
             logger = logging.getLogger(name)
             logger.setLevel(level)

@@ -133,7 +133,7 @@ def test_a_full_disk_ends_with_exit_4_and_keeps_the_last_checkpoint(tmp_path):
     text = " ".join(stderr[stderr.rindex("embodied: error: "):].split())
     assert text.startswith("embodied: error: Storage failed (exit code 4): "), text
     assert "No space left on device" in text and "free on its file system" in text, text
-    assert "Traceback" not in stderr + (out / "stdout").read_text()
+    assert "Traceback" not in stderr + (out / "stdout").read_text(), stderr[-4000:]
     run_dir = out / "run"
     rows = assert_every_iteration_once(run_dir)  # complete rows only, no torn line
     ckpts = list_checkpoints(run_dir / "checkpoints")
