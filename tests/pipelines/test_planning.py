@@ -67,7 +67,8 @@ def test_profile_is_measured_then_cached(tmp_path, monkeypatch):
         again = profile_embodied(cfg, cluster, log=logs.append)
     assert any("from cache" in line for line in logs)
     assert again.to_dict() == prof.to_dict()
-    assert set(prof.components) == {"env", "rollout", "trainer"}
+    assert set(prof.components) == {"env", "rollout", "trainer", "weight_sync"}
+    assert prof["weight_sync"].cost.time_s(1, 1) > 0  # export + load of the weights, measured
     for name in ("env", "rollout", "trainer"):
         cost = prof[name].cost
         assert cost.time_s(8, 1) > 0 and math.isfinite(cost.time_s(8, 1))
