@@ -517,7 +517,8 @@ def profile_embodied(cfg: EmbodiedConfig, cluster: Cluster, force: bool = False,
     if not force:
         cached = load_cached(key)
         if cached is not None:
-            log(f"[m2flow] profile from cache ({key})")
+            runs = len(cached.get("meta", {}).get("learned", []))
+            log(f"[m2flow] profile from cache ({key}{f', refined by {runs} run(s)' if runs else ''})")
             return Profile.from_dict(cached)
     log(f"[m2flow] profiling env, rollout and trainer on {cores} cores ...")
     t0 = time.perf_counter()
@@ -556,6 +557,7 @@ def profile_embodied(cfg: EmbodiedConfig, cluster: Cluster, force: bool = False,
             "hardware": hardware_fingerprint(),
             "probes": {p.name: [list(s) for s in p.samples] for p in (env_probe, rollout_probe, trainer_probe)},
             "profiling_s": time.perf_counter() - t0,
+            "probed_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         },
     )
     path = store_cached(key, profile.to_dict())
