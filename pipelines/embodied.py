@@ -277,6 +277,16 @@ class EmbodiedWorkflow(Workflow):
             metrics["plan/measured_over_predicted"] = metrics["time/iteration_s"] / plan.predicted_iteration_s
         return metrics
 
+    def close(self) -> None:
+        """Stop the worker groups (env processes end with their worker, as when the cluster
+        shuts down): the cluster can run another layout's workers next (a benchmark measuring
+        several plans in one cluster)."""
+        for name in ("env", "rollout", "trainer"):
+            group = getattr(self, name, None)
+            if group is not None:
+                group.shutdown()
+                setattr(self, name, None)
+
     def drain(self, lr: float) -> None:
         if self.pending:
             self._wait_trainer(self._train_call(lr))
