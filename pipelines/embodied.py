@@ -32,6 +32,7 @@ from pipelines.config import EmbodiedConfig
 from pipelines.evaluate import evaluate_policy
 from pipelines.layout import Machine, RankPlacement
 from pipelines.planning import (
+    MIN_THREAD_SCALING,
     machine_of,
     measured_factors,
     plan_embodied,
@@ -49,7 +50,6 @@ from scheduler import Workflow as PlannerWorkflow
 LOG = logging.getLogger("embodied")
 RETURN_WINDOW = 20
 EVAL_SEED_OFFSET = 10_000_000  # evaluation episodes start from seeds apart from training's
-MIN_THREAD_SCALING = 0.3  # fitted parallel efficiency below which extra cores get no threads
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LP_NUM_THREADS")
 
 

@@ -41,9 +41,13 @@ from pipelines.layout import Machine, NodeSpec
 from pipelines.workflow import Layout, cpu_resources
 from policies.registry import build_policy
 from embodied.runtime.weights import WeightSyncer
-from scheduler import WEIGHT_SYNC, ComponentProfile, CostModel, PlanResult, Profile, Resources, Workflow, plan
+from scheduler import WEIGHT_SYNC, ComponentProfile, CostModel, PlanResult, Profile, Resources, Workflow, fit_cost_model, plan
 
 MIB = 2**20
+MIN_THREAD_SCALING = 0.3
+"""Fitted parallel efficiency below which a worker's extra cores get no torch threads (more threads
+only spin and contend for small models). The probes' fits follow the same rule
+(:func:`fit_threads`), so a component priced as one thread runs as one."""
 
 
 def resources_of(cfg: EmbodiedConfig) -> Resources:
@@ -351,6 +355,19 @@ def _probe_rollout(cfg: EmbodiedConfig, policy, outputs: list[EnvOutput], action
     return probe
 
 
+def fit_threads(probe: Probe, one_thread_devices: int = 1) -> CostModel:
+    """The cost of a component probed at several thread counts, as the worker will run it: the
+    fit over all samples when extra threads pay off (fitted exponent >= MIN_THREAD_SCALING, then
+    the worker runs a thread per core), else the fit of the one-thread samples (``n_devices ==
+    one_thread_devices``) with exponent 0: the worker runs one thread whatever cores it gets, and
+    slower many-thread probes (threads that spin and contend) must not price it."""
+    cost = probe.fit()
+    single = [s for s in probe.samples if s[1] == one_thread_devices]
+    if cost.scaling_exponent >= MIN_THREAD_SCALING or not single:
+        return cost
+    return fit_cost_model(single, 0.0)
+
+
 #: Minibatches of the trainer probe's one epoch: its per-update costs (advantages, the normalizer,
 #: the shuffle) spread over them as over an iteration's minibatches.
 TRAINER_PROBE_MINIBATCHES = 4
@@ -541,11 +558,11 @@ def profile_embodied(cfg: EmbodiedConfig, cluster: Cluster, force: bool = False,
         components={
             "env": ComponentProfile("env", env_probe.fit(), memory_gib=0.0, output_mib_per_item=obs_mib),
             "rollout": ComponentProfile(
-                "rollout", rollout_probe.fit(), memory_gib=weights_mib / 1024,
+                "rollout", fit_threads(rollout_probe), memory_gib=weights_mib / 1024,
                 output_mib_per_item=action_mib, weights_mib=weights_mib,
             ),
             "trainer": ComponentProfile(
-                "trainer", trainer_probe.fit(), memory_gib=4 * weights_mib / 1024, offload_s=offload_s, onload_s=onload_s,
+                "trainer", fit_threads(trainer_probe, cfg.workers.trainer), memory_gib=4 * weights_mib / 1024, offload_s=offload_s, onload_s=onload_s,
             ),
             WEIGHT_SYNC: ComponentProfile(WEIGHT_SYNC, CostModel(fixed_s=sync_s, per_item_s=0.0, scaling_exponent=0.0)),
         },
