@@ -198,6 +198,10 @@ class PlanConfig:
     replan_threshold: float = 0.25
     """Re-plan between iterations when the median measured iteration time of a window of
     iterations differs from the prediction by more than this fraction (0 disables re-planning)."""
+    learn: bool = True
+    """Learn from the run: after its first iterations, the measured seconds per call of each
+    component refine the cached profile (with the run recorded in its ``meta.learned``), so the
+    next run with the same env, policy and hardware plans from what this one measured."""
 
     def __post_init__(self) -> None:
         if self.max_chunks < 1:

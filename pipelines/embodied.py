@@ -32,6 +32,7 @@ from pipelines.config import EmbodiedConfig
 from pipelines.evaluate import evaluate_policy
 from pipelines.layout import Machine, RankPlacement
 from pipelines.planning import (
+    MIN_THREAD_SCALING,
     machine_of,
     measured_factors,
     plan_embodied,
@@ -49,7 +50,6 @@ from scheduler import Workflow as PlannerWorkflow
 LOG = logging.getLogger("embodied")
 RETURN_WINDOW = 20
 EVAL_SEED_OFFSET = 10_000_000  # evaluation episodes start from seeds apart from training's
-MIN_THREAD_SCALING = 0.3  # fitted parallel efficiency below which extra cores get no threads
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LP_NUM_THREADS")
 
 
@@ -276,6 +276,16 @@ class EmbodiedWorkflow(Workflow):
         if self.profile_ is not None and "time/train_s" in stats:
             metrics["plan/measured_over_predicted"] = metrics["time/iteration_s"] / plan.predicted_iteration_s
         return metrics
+
+    def close(self) -> None:
+        """Stop the worker groups (env processes end with their worker, as when the cluster
+        shuts down): the cluster can run another layout's workers next (a benchmark measuring
+        several plans in one cluster)."""
+        for name in ("env", "rollout", "trainer"):
+            group = getattr(self, name, None)
+            if group is not None:
+                group.shutdown()
+                setattr(self, name, None)
 
     def drain(self, lr: float) -> None:
         if self.pending:

@@ -12,6 +12,7 @@ from embodied.errors import UserError
 from embodied.runtime import Cluster
 from embodied.timeline_plot import plot_timelines
 from pipelines.cli import build_train_config, register_command
+from pipelines.learn import describe_provenance
 from pipelines.workflow import WORKFLOWS
 from scheduler import Bound, PlanningError, sequential_plan, simulate
 
@@ -41,6 +42,7 @@ def cmd_plan(args: list[str]) -> int:
         result = flow.plan(profile)
     except PlanningError as err:
         raise UserError(f"No plan fits this machine: {err}") from None
+    print(describe_provenance(profile))
     workflow, resources = flow.planner_workflow(), flow.resources()
     baseline = sequential_plan(workflow, resources, profile)
     base_timeline = simulate(baseline, profile, workflow, resources)

@@ -35,14 +35,19 @@ from envs.registry import make_vec_env
 from embodied.algorithms import build_algorithm, build_optimizer
 from embodied.rl import TrajectoryBatch, is_text
 from embodied.runtime.distributed import SINGLE, DataParallel
-from pipelines.collect import resolve_device, to_torch, with_instructions
+from pipelines.collect import EnvOutput, TrajectoryRecorder, env_output, resolve_device, to_torch, with_instructions
 from pipelines.config import EmbodiedConfig
 from pipelines.layout import Machine, NodeSpec
 from pipelines.workflow import Layout, cpu_resources
 from policies.registry import build_policy
-from scheduler import ComponentProfile, PlanResult, Profile, Resources, Workflow, plan
+from embodied.runtime.weights import WeightSyncer
+from scheduler import WEIGHT_SYNC, ComponentProfile, CostModel, PlanResult, Profile, Resources, Workflow, fit_cost_model, plan
 
 MIB = 2**20
+MIN_THREAD_SCALING = 0.3
+"""Fitted parallel efficiency below which a worker's extra cores get no torch threads (more threads
+only spin and contend for small models). The probes' fits follow the same rule
+(:func:`fit_threads`), so a component priced as one thread runs as one."""
 
 
 def resources_of(cfg: EmbodiedConfig) -> Resources:
@@ -101,7 +106,10 @@ def _setup_key(cfg: EmbodiedConfig, backend: str) -> dict[str, Any]:
         "backend": backend,
         "trainer": {"ranks": cfg.workers.trainer, "device": cfg.workers.trainer_device},
         "rollout_device": cfg.workers.rollout_device,
-        "version": 7,  # 7: trainer ranks and devices; 6: the trainer component is named "trainer"
+        # 8: the rollout probe records through the TrajectoryRecorder, the env probe includes its
+        # message's assembly, a weight-sync probe; 7: trainer ranks and devices; 6: the trainer
+        # component is named "trainer"
+        "version": 8,
     }
 
 
@@ -134,6 +142,9 @@ class ShapeMeasurement:
     obs: dict[str, np.ndarray] | None = None
     observation_space: Any = None
     action_space: Any = None
+    outputs: list[EnvOutput] = dataclasses.field(default_factory=list)
+    """What the env sent its rollout after each step of this shape (one process shapes only): the
+    rollout probe records its decisions from these, as the rollout worker does."""
 
 
 class EnvProbe:
@@ -162,26 +173,32 @@ class EnvProbe:
             chunk = cfg.policy.action_chunk  # a worker's call: one step, or chunk_step of C actions
             lead = (b,) if chunk == 1 else (b, chunk)
 
+            outputs: list[EnvOutput] = []
+
             def step() -> float:
-                """Seconds of one env step; then the policy's turn, untimed."""
+                """Seconds of one env step and its message to the rollout (what the env worker
+                does per call); then the policy's turn, untimed."""
                 if hasattr(space, "low"):
                     actions = rng.uniform(space.low, space.high, size=(*lead, *space.shape)).astype(np.float32)
                 else:
                     actions = rng.integers(0, space.n, size=lead)
                 t0 = time.perf_counter()
                 result = env.step(actions) if chunk == 1 else env.chunk_step(actions)
+                out = env_output(result, instructions)
                 seconds = time.perf_counter() - t0
+                outputs.append(out)
                 with torch.no_grad():
-                    policy.act(to_torch(with_instructions(result.obs, instructions), torch.device("cpu")))
+                    policy.act(to_torch(out.obs, torch.device("cpu")))
                 return seconds
 
             for _ in range(ENV_PROBE_WARMUP):
                 step()
             seconds = float(np.median([step() for _ in range(ENV_PROBE_REPEATS)]))
+            multiprocess = isinstance(env, MultiprocessVecEnv)
+            kept = [] if procs > 1 else outputs
             if first:
-                return ShapeMeasurement(seconds, isinstance(env, MultiprocessVecEnv), obs, env.observation_space,
-                                        env.action_space)
-            return ShapeMeasurement(seconds, isinstance(env, MultiprocessVecEnv))
+                return ShapeMeasurement(seconds, multiprocess, obs, env.observation_space, env.action_space, kept)
+            return ShapeMeasurement(seconds, multiprocess, outputs=kept)
         finally:
             env.close()
 
@@ -218,16 +235,19 @@ def probe_env(
     ``measure(batch, processes)`` measures one shape (default: :meth:`EnvProbe.measure` in this
     process; ``profile_embodied`` runs it in an :class:`EnvProbeWorker`).
 
-    Returns ``(probe, obs, observation_space, action_space, policy)``: the ``Probe("env")`` with
-    samples ``(batch, processes, seconds)``, the reset observation of the first (smallest) probed
-    batch (instructions included, ``(ceil(N/4), ...)`` per key), the env's spaces, and an
-    inference-mode policy built from ``cfg.policy``. ``log`` receives one line per probed shape.
+    Returns ``(probe, obs, observation_space, action_space, policy, outputs)``: the ``Probe("env")``
+    with samples ``(batch, processes, seconds)``, the reset observation of the first (smallest)
+    probed batch (instructions included, ``(ceil(N/4), ...)`` per key), the env's spaces, an
+    inference-mode policy built from ``cfg.policy``, and the env outputs of the largest
+    one-process batch in step order (what :func:`_probe_rollout` records from). ``log`` receives
+    one line per probed shape.
     """
     measure = measure or EnvProbe(cfg).measure
     probe = Probe("env")
     n = cfg.env.num_envs
     obs_sample = action_space = obs_space = None
     policy = None
+    outputs: list[EnvOutput] = []
     shapes = [(b, 1) for b in _probe_sizes(n)]
     for b, procs in shapes:  # grows by one multi-process probe when the backend runs processes
         m = measure(b, procs)
@@ -236,14 +256,16 @@ def probe_env(
         if obs_sample is None:
             obs_sample, obs_space, action_space = m.obs, m.observation_space, m.action_space
             policy = build_policy(cfg.policy, obs_space, action_space).eval()
+        if m.outputs:
+            outputs = m.outputs  # shapes grow: the last one-process shape is the largest
         probe.add(b, procs, m.seconds)
         log(f"  env     batch {b:>4} on {procs} core(s): {m.seconds * 1e3:8.2f} ms/{'step' if cfg.policy.action_chunk == 1 else 'chunk'}")
     if not any(procs > 1 for _, procs in shapes):
         probe.scaling_exponent = 0.0  # one process cannot use more cores: more devices do not help
-    return probe, obs_sample, obs_space, action_space, policy
+    return probe, obs_sample, obs_space, action_space, policy, outputs
 
 
-def _probe_env_in_a_worker(cfg: EmbodiedConfig, cluster: Cluster, cores: int, log) -> tuple[Probe, Any, Any, Any, Any]:
+def _probe_env_in_a_worker(cfg: EmbodiedConfig, cluster: Cluster, cores: int, log) -> tuple[Probe, Any, Any, Any, Any, list[EnvOutput]]:
     """:func:`probe_env` with every shape measured in an :class:`EnvProbeWorker` (Ray backend):
     each call waits at most ``cluster.timeout_s``, so an env that hangs while being profiled
     ends the run with a timeout naming the env and the key."""
@@ -269,30 +291,81 @@ def _probe_env_in_a_worker(cfg: EmbodiedConfig, cluster: Cluster, cores: int, lo
         group.shutdown()
 
 
-def _probe_rollout(cfg: EmbodiedConfig, policy, obs, cores: int, log) -> Probe:
-    """The policy's inference at the chunk sizes on 1 and all cores, on the rollout's device
-    (results back on the host, as the rollout sends them)."""
+#: Decisions the rollout probe records per timed pass (from the env probe's outputs, cycled).
+ROLLOUT_PROBE_DECISIONS = 8
+
+
+def _tile_rows(x: Any, size: int) -> Any:
+    """``x`` (an array, a dict of arrays, or None) with ``size`` rows, cycled from its rows."""
+    if x is None:
+        return None
+    if isinstance(x, dict):
+        return {k: _tile_rows(v, size) for k, v in x.items()}
+    x = np.asarray(x) if is_text(x) else to_numpy(x)
+    return np.ascontiguousarray(x[np.arange(size) % x.shape[0]])
+
+
+def tile_output(out: EnvOutput, size: int) -> EnvOutput:
+    """An env output for ``size`` envs made of the rows of ``out``."""
+    return EnvOutput(**{f.name: _tile_rows(getattr(out, f.name), size) for f in dataclasses.fields(EnvOutput)})
+
+
+def record_seconds_per_call(recorder: TrajectoryRecorder, outputs: list[EnvOutput], decisions: int) -> float:
+    """Seconds per rollout call of recording ``decisions`` decisions from ``outputs`` (cycled), as
+    the rollout worker does per chunk: ``begin``, then ``act`` + ``observe`` per decision, then
+    ``finish`` (the last call's bootstrap values and the batch). The ``decisions + 1`` calls of
+    the planner's chain share the total; a decision is the median of its timed ones, so a
+    disturbed call does not move it."""
+    recorder.begin(EnvOutput(outputs[0].obs))
+    per_decision = []
+    for t in range(decisions):
+        t0 = time.perf_counter()
+        recorder.act()
+        recorder.observe(outputs[(t + 1) % len(outputs)])
+        per_decision.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    recorder.finish(0)
+    finish_s = time.perf_counter() - t0
+    return (decisions * float(np.median(per_decision)) + finish_s) / (decisions + 1)
+
+
+def _probe_rollout(cfg: EmbodiedConfig, policy, outputs: list[EnvOutput], action_space: Any, cores: int, log) -> Probe:
+    """The rollout worker's work per call at the chunk sizes on 1 and all cores, on the rollout's
+    device: the policy's inference *and* recording the decision through the
+    :class:`TrajectoryRecorder` the worker runs (results back on the host, values of ended
+    episodes, the batch assembled at the end), on the env outputs the env probe's real steps
+    produced (:func:`record_seconds_per_call`)."""
     probe = Probe("rollout")
     device = resolve_device(cfg.workers.rollout_device)
     policy = policy.to(device)
+    record_values = build_algorithm(cfg.algo).needs_critic
     before = torch.get_num_threads()
     try:
         for threads in sorted({1, cores}):
             torch.set_num_threads(threads)
             for b in _probe_sizes(cfg.env.num_envs * cfg.workers.env):
-                batch = _tile(obs, b)
-
-                @torch.no_grad()
-                def infer() -> None:
-                    out = policy.act(to_torch(batch, device))
-                    out.actions.cpu().numpy(), out.logprobs.cpu().numpy(), out.values.cpu().numpy()
-
-                seconds = time_call(infer, warmup=2, repeats=5)
+                tiled = [tile_output(o, b) for o in outputs]
+                recorder = TrajectoryRecorder(policy, device, record_values, action_space)
+                record_seconds_per_call(recorder, tiled, 2)  # warm-up
+                seconds = record_seconds_per_call(recorder, tiled, ROLLOUT_PROBE_DECISIONS)
                 probe.add(b, threads, seconds)
-                log(f"  rollout batch {b:>4} on {threads} core(s): {seconds * 1e3:8.2f} ms/call")
+                log(f"  rollout batch {b:>4} on {threads} core(s): {seconds * 1e3:8.2f} ms/call (inference + recording)")
     finally:
         torch.set_num_threads(before)
     return probe
+
+
+def fit_threads(probe: Probe, one_thread_devices: int = 1) -> CostModel:
+    """The cost of a component probed at several thread counts, as the worker will run it: the
+    fit over all samples when extra threads pay off (fitted exponent >= MIN_THREAD_SCALING, then
+    the worker runs a thread per core), else the fit of the one-thread samples (``n_devices ==
+    one_thread_devices``) with exponent 0: the worker runs one thread whatever cores it gets, and
+    slower many-thread probes (threads that spin and contend) must not price it."""
+    cost = probe.fit()
+    single = [s for s in probe.samples if s[1] == one_thread_devices]
+    if cost.scaling_exponent >= MIN_THREAD_SCALING or not single:
+        return cost
+    return fit_cost_model(single, 0.0)
 
 
 #: Minibatches of the trainer probe's one epoch: its per-update costs (advantages, the normalizer,
@@ -399,6 +472,13 @@ def synthetic_batch(policy, obs: dict[str, np.ndarray], envs: int, steps: int, g
     ).check()
 
 
+def probe_weight_sync(trainer_policy, rollout_policy) -> float:
+    """Seconds of the local half of a weight sync: the trainer's :class:`WeightSyncer` export and
+    the rollout's load (the message between them is priced by the transfer probe)."""
+    syncer = WeightSyncer()
+    return time_call(lambda: syncer.load(rollout_policy, syncer.export(trainer_policy, 0)), warmup=1, repeats=3)
+
+
 class _Echo(Worker):
     """Bounces channel messages back: measures the cost of one message between two workers."""
 
@@ -454,15 +534,16 @@ def profile_embodied(cfg: EmbodiedConfig, cluster: Cluster, force: bool = False,
     if not force:
         cached = load_cached(key)
         if cached is not None:
-            log(f"[m2flow] profile from cache ({key})")
+            runs = len(cached.get("meta", {}).get("learned", []))
+            log(f"[m2flow] profile from cache ({key}{f', refined by {runs} run(s)' if runs else ''})")
             return Profile.from_dict(cached)
     log(f"[m2flow] profiling env, rollout and trainer on {cores} cores ...")
     t0 = time.perf_counter()
     if cluster.backend == "ray":  # a hanging env is a timeout of the worker, not a hanging driver
-        env_probe, obs, obs_space, action_space, policy = _probe_env_in_a_worker(cfg, cluster, cores, log)
+        env_probe, obs, obs_space, action_space, policy, outputs = _probe_env_in_a_worker(cfg, cluster, cores, log)
     else:
-        env_probe, obs, obs_space, action_space, policy = probe_env(cfg, cores, log)
-    rollout_probe = _probe_rollout(cfg, policy, obs, cores, log)
+        env_probe, obs, obs_space, action_space, policy, outputs = probe_env(cfg, cores, log)
+    rollout_probe = _probe_rollout(cfg, policy, outputs, action_space, cores, log)
     policy = policy.cpu()
     obs_mib = _obs_mib_per_env(obs)
     latency_s, s_per_mib = probe_transfer(cluster, obs_mib * cfg.env.num_envs, log)
@@ -470,17 +551,20 @@ def profile_embodied(cfg: EmbodiedConfig, cluster: Cluster, force: bool = False,
     trainer_probe, offload_s, onload_s = _probe_trainer(cfg, trainer_policy, obs, action_space, cores, log,
                                                         message=(latency_s, s_per_mib))
     weights_mib = sum(p.numel() * p.element_size() for p in policy.state_dict().values()) / MIB
+    sync_s = probe_weight_sync(trainer_policy, policy.to(resolve_device(cfg.workers.rollout_device)))
+    log(f"  weight sync: {weights_mib:.2f} MiB exported and loaded in {sync_s * 1e3:.2f} ms")
     action_mib = float(np.prod(action_space.shape or (1,))) * 4 * cfg.policy.action_chunk / MIB
     profile = Profile(
         components={
             "env": ComponentProfile("env", env_probe.fit(), memory_gib=0.0, output_mib_per_item=obs_mib),
             "rollout": ComponentProfile(
-                "rollout", rollout_probe.fit(), memory_gib=weights_mib / 1024,
+                "rollout", fit_threads(rollout_probe), memory_gib=weights_mib / 1024,
                 output_mib_per_item=action_mib, weights_mib=weights_mib,
             ),
             "trainer": ComponentProfile(
-                "trainer", trainer_probe.fit(), memory_gib=4 * weights_mib / 1024, offload_s=offload_s, onload_s=onload_s,
+                "trainer", fit_threads(trainer_probe, cfg.workers.trainer), memory_gib=4 * weights_mib / 1024, offload_s=offload_s, onload_s=onload_s,
             ),
+            WEIGHT_SYNC: ComponentProfile(WEIGHT_SYNC, CostModel(fixed_s=sync_s, per_item_s=0.0, scaling_exponent=0.0)),
         },
         transfer_latency_s=latency_s,
         transfer_s_per_mib=s_per_mib,
@@ -490,6 +574,7 @@ def profile_embodied(cfg: EmbodiedConfig, cluster: Cluster, force: bool = False,
             "hardware": hardware_fingerprint(),
             "probes": {p.name: [list(s) for s in p.samples] for p in (env_probe, rollout_probe, trainer_probe)},
             "profiling_s": time.perf_counter() - t0,
+            "probed_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         },
     )
     path = store_cached(key, profile.to_dict())
@@ -555,7 +640,9 @@ def measured_factors(profile: Profile, layout: Layout, cfg: EmbodiedConfig, metr
     env_pred = profile["env"].cost.time_s(math.ceil(cfg.env.num_envs / k), devices["env"]) * T * k
     roll_pred = profile["rollout"].cost.time_s(chunk, devices["rollout"]) * (T + 1) * k
     mb = layout.plan.train_microbatch or workflow.train_minibatch
-    calls = cfg.algo.epochs * math.ceil(workflow.num_envs * T / mb)
+    # the epochs the update ran (``algo.target_kl`` may stop it early), not the configured ones
+    epochs = metrics.get("losses/epochs") or cfg.algo.epochs
+    calls = epochs * math.ceil(workflow.num_envs * T / mb)
     trainer_pred = profile["trainer"].cost.time_s(mb, devices["trainer"]) * calls
     measured = {"env": metrics["time/sim_s"], "rollout": metrics["time/infer_s"], "trainer": metrics["time/train_s"]}
     predicted = {"env": env_pred, "rollout": roll_pred, "trainer": trainer_pred}

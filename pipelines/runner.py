@@ -34,6 +34,7 @@ from embodied.metrics import MetricsLogger, ResumePoint, read_metrics
 from embodied.progress import Progress
 from embodied.runtime import Cluster
 from embodied.seeding import seed_everything
+from pipelines.learn import CostLearner, describe_provenance
 from pipelines.replan import Replanner
 from pipelines.rundir import RunDir
 from pipelines.workflow import Layout, Workflow
@@ -55,6 +56,7 @@ class Runner:
         self.profile: Profile | None = None
         self.layout: Layout | None = None
         self.replanner = Replanner(workflow, cfg.plan.replan_threshold)
+        self.learner = CostLearner(workflow, cfg.plan.learn, str(run.path) if run is not None else "?")
         self.doing = "starting"  # what the run is doing, for failure messages
         self.stop_signal: int | None = None  # a first Ctrl-C / SIGTERM: stop after this iteration
 
@@ -68,6 +70,8 @@ class Runner:
             return None
         self.workflow.machine(cluster)  # the devices the plan is made for (every node's, on a cluster)
         self.profile = self.workflow.profile(cluster, force=cfg.plan.reprofile, log=LOG.debug)
+        self.learner.start(self.profile)
+        LOG.debug(f"[m2flow] {describe_provenance(self.profile)}")
         result = self.workflow.plan(self.profile)
         self.layout = self.workflow.layout_of(result.best)
         LOG.debug("[m2flow] candidate plans (predicted seconds per iteration):\n" + result.format_table(limit=8))
@@ -151,6 +155,7 @@ class Runner:
                     if cfg.eval.every and self.iteration % cfg.eval.every == 0 and not self.done():
                         self.doing = f"evaluating after iteration {self.iteration}"
                         metrics.update(self.workflow.evaluate(video_dir=None))
+                    self.learn(metrics)
                     self.watch_plan(metrics)
                     logger.log(metrics, step=self.steps)
                     progress.update(self.steps, metrics)
@@ -159,6 +164,7 @@ class Runner:
                         self.checkpoint(metrics["wall_s"])
                 self.doing = "training on the last batch"
                 self.workflow.drain(self.lr())  # a batch still waiting for training (staleness 1)
+                self.learn(None)
                 progress.close()
                 progress = None
                 wall_s = self.wall_s_before + time.perf_counter() - t_start
@@ -227,6 +233,18 @@ class Runner:
         ckpt = latest_checkpoint(run_dir) if run_dir is not None else None
         return FailureContext(doing=self.doing, run_dir=run_dir, checkpoint=ckpt,
                               checkpoint_iteration=iteration_of(ckpt) if ckpt is not None else None)
+
+    def learn(self, metrics: dict[str, Any] | None) -> None:
+        """Refine the cached profile from this run's measured costs (:mod:`pipelines.learn`):
+        after the first iterations (``metrics`` of the iteration just run), or at the end of a
+        short run (``metrics`` None)."""
+        if self.layout is None:
+            return
+        learned = self.learner.observe(self.iteration, metrics, self.layout) if metrics is not None else self.learner.finish()
+        if learned is not None:
+            LOG.info(f"[m2flow] {learned.describe()}")
+            if metrics is not None:
+                metrics.update({f"plan/learned_{name}_factor": f for name, f in learned.factors.items()})
 
     def watch_plan(self, metrics: dict[str, Any]) -> None:
         """Re-plan when the measured iterations drift from the prediction (see :mod:`pipelines.replan`)."""

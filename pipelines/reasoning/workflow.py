@@ -28,7 +28,8 @@ from typing import Any, Callable
 from embodied.checkpoint import check_compatible
 from embodied.runtime import Channel, Cluster, RankResources, WorkerGroup, wait_all
 from embodied.runtime.weights import WeightSyncer
-from pipelines.embodied import MIN_THREAD_SCALING, THREAD_ENV
+from pipelines.embodied import THREAD_ENV
+from pipelines.planning import MIN_THREAD_SCALING
 from pipelines.reasoning.config import ReasoningConfig
 from pipelines.reasoning.planning import measured_factors, plan_reasoning, profile_reasoning, resources_of, workflow_of
 from pipelines.reasoning.preflight import PreparedData, prepare

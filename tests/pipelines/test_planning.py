@@ -67,7 +67,8 @@ def test_profile_is_measured_then_cached(tmp_path, monkeypatch):
         again = profile_embodied(cfg, cluster, log=logs.append)
     assert any("from cache" in line for line in logs)
     assert again.to_dict() == prof.to_dict()
-    assert set(prof.components) == {"env", "rollout", "trainer"}
+    assert set(prof.components) == {"env", "rollout", "trainer", "weight_sync"}
+    assert prof["weight_sync"].cost.time_s(1, 1) > 0  # export + load of the weights, measured
     for name in ("env", "rollout", "trainer"):
         cost = prof[name].cost
         assert cost.time_s(8, 1) > 0 and math.isfinite(cost.time_s(8, 1))
@@ -130,3 +131,24 @@ def test_env_probe_lets_the_policy_infer_between_timed_steps(tmp_path, monkeypat
     sizes = [b for b, _, _ in probe.samples]
     assert sorted(sizes) == [2, 4, 8]
     assert sorted(acts) == sorted(b for b in sizes for _ in range(per_shape))  # one inference per step, on its batch
+
+
+def test_fit_threads_prices_a_component_as_its_worker_will_run_it():
+    """Extra threads that do not pay off: the worker runs one thread, so the slower many-thread
+    probes must not price it; threads that pay off: the fit over every sample."""
+    from embodied.profiler import Probe
+    from pipelines.planning import MIN_THREAD_SCALING, fit_threads
+
+    contended = Probe("rollout")
+    for b, one, two in ((4, 0.0010, 0.0100), (8, 0.0012, 0.0090), (16, 0.0016, 0.0110)):
+        contended.add(b, 1, one)
+        contended.add(b, 2, two)
+    cost = fit_threads(contended)
+    assert cost.scaling_exponent == 0.0
+    assert cost.time_s(16, 2) == pytest.approx(0.0016, rel=0.05)  # the one-thread time, whatever the cores
+    scaling = Probe("trainer")
+    for b in (200, 400):
+        scaling.add(b, 1, 0.001 * b)
+        scaling.add(b, 2, 0.00055 * b)
+    cost = fit_threads(scaling)
+    assert cost.scaling_exponent >= MIN_THREAD_SCALING and cost.time_s(400, 2) == pytest.approx(0.22, rel=0.05)

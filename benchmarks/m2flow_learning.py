@@ -1,0 +1,101 @@
+"""M2Flow on the job users run first: the prediction before any re-planning, from a cold cache and
+from the cache the first run refined (``plan.learn``, :mod:`pipelines.learn`).
+
+Runs ``embodied train RECIPE`` twice, as a user would, on a fresh profile cache: the first run
+profiles (cold), plans and, after its first iterations, refines the cached profile with what it
+measured; the second run plans from that (warm). Re-planning is off (``plan.replan_threshold=0``),
+so every iteration runs the first plan. Per run it reports the plan, its predicted seconds per
+iteration and the measured ones (iteration 1, a warm-up with resets and first calls, left out of
+the median), and the error.
+
+    python -m benchmarks.m2flow_learning                       # the default job, 8 iterations per run (~3 min)
+    python -m benchmarks.m2flow_learning --recipe halfcheetah_ppo --iterations 10
+
+Writes ``benchmarks/results/m2flow_learning.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import write_result
+from embodied.config import apply_overrides
+from pipelines.config import EmbodiedConfig
+from pipelines.recipes import load_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def train(recipe: str, run_dir: Path, cache: Path, overrides: list[str]) -> tuple[list[dict[str, Any]], str]:
+    """One ``embodied train`` run; its metrics rows and its output."""
+    env = {**os.environ, "EMBODIED_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "pipelines.cli", "train", recipe, f"run.dir={run_dir}", *overrides]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return rows, proc.stdout + proc.stderr
+
+
+def summarize(rows: list[dict[str, Any]], output: str) -> dict[str, Any]:
+    timed = [r for r in rows[1:] if r.get("plan/measured_over_predicted") is not None]
+    measured = statistics.median(r["time/iteration_s"] for r in timed)
+    predicted = timed[0]["plan/predicted_iteration_s"]
+    return {
+        "plan": f"{timed[0]['plan/mode']}, {timed[0]['plan/chunks']} chunk(s)",
+        "predicted_s": predicted,
+        "measured_s": measured,
+        "measured_all_s": [r["time/iteration_s"] for r in rows],
+        "error": (predicted - measured) / measured,
+        "m2flow_lines": [line for line in output.splitlines() if "[m2flow]" in line],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", default="maniskill_pushcube_ppo")
+    parser.add_argument("--iterations", type=int, default=8, help="training iterations per run (the first is a warm-up)")
+    parser.add_argument("--name", default="m2flow_learning")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    _, data = load_recipe(args.recipe)
+    cfg = apply_overrides(EmbodiedConfig, data, args.overrides)
+    steps = args.iterations * cfg.steps_per_iteration
+    overrides = [f"algo.total_env_steps={steps}", "plan.replan_threshold=0", "eval.episodes=1", "eval.num_envs=1",
+                 "eval.video=false", "checkpoint.every=0", "logging.tensorboard=false", "logging.wandb=false",
+                 "logging.progress=none", *args.overrides]
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = Path(tmp) / "cache"
+        for name in ("cold", "warm"):
+            print(f"{name} cache: embodied train {args.recipe} ({args.iterations} iterations) ...", flush=True)
+            rows, output = train(args.recipe, Path(tmp) / name, cache, overrides)
+            runs[name] = summarize(rows, output)
+            r = runs[name]
+            print(f"  {r['plan']}: predicted {r['predicted_s']:.3f} s, measured {r['measured_s']:.3f} s "
+                  f"({100 * r['error']:+.1f}%)", flush=True)
+            for line in r["m2flow_lines"]:
+                print(f"    {line}", flush=True)
+    result = {
+        "benchmark": "m2flow_learning",
+        "command": "python -m benchmarks.m2flow_learning " + " ".join(argv or []),
+        "recipe": args.recipe,
+        "iterations": args.iterations,
+        "overrides": overrides,
+        "runs": runs,
+    }
+    path = write_result(args.name, result)
+    print(f"wrote {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

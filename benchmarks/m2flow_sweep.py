@@ -1,0 +1,241 @@
+"""M2Flow per recipe: every candidate plan measured, against its prediction, the planner's choice and the bound.
+
+For each recipe of :data:`SWEEP_RECIPES` (or ``--recipes``): profile (cached per env, policy and
+hardware; ``--reprofile`` measures again), plan, then build the workers of *every* candidate plan
+of the planner's table (each distinct placement, chunk count, offload set and micro-batch, up to
+``--max-chunks`` chunks; the sequential plan always) and run ``--warmup`` untimed then
+``--iterations`` timed training iterations of it, re-planning off. Per recipe it reports each
+candidate's predicted and measured seconds per iteration, the planner's choice against the
+measured best, the work-conservation bound (``scheduler.bounds``), and how much of the gap
+between sequential and the bound the choice captures.
+
+    python -m benchmarks.m2flow_sweep                     # every recipe: ~40 min on 2 quiet cores
+    python -m benchmarks.m2flow_sweep --recipes maniskill_pushcube_ppo --iterations 5
+    python -m benchmarks.m2flow_sweep --quick             # tiny settings, a correctness check (~2 min)
+
+Writes ``benchmarks/results/m2flow_sweep.json`` (``m2flow_sweep_quick.json`` with ``--quick``),
+a picture of predicted vs measured per candidate (``..._sweep.png``) and prints the table of
+docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from benchmarks.common import RESULTS, write_result
+from embodied.config import apply_overrides
+from embodied.runtime import Cluster
+from pipelines.config import EmbodiedConfig
+from pipelines.embodied import EmbodiedWorkflow
+from pipelines.planning import plan_embodied, profile_embodied, resources_of, workflow_of
+from pipelines.recipes import load_recipe
+from pipelines.runner import Runner
+from scheduler import Plan, Profile, sequential_plan
+
+HERE = Path(__file__).parent
+
+
+@dataclass(frozen=True)
+class SweepRecipe:
+    """A recipe of the sweep: its name (or path) and the overrides of ``--quick`` (tiny settings)."""
+
+    recipe: str
+    label: str
+    quick: tuple[str, ...] = ()
+
+
+SWEEP_RECIPES = (
+    SweepRecipe("cartpole_ppo", "CartPole PPO", ("algo.epochs=2",)),
+    SweepRecipe("halfcheetah_ppo", "HalfCheetah PPO", ("algo.rollout_steps=16", "algo.epochs=1", "algo.num_minibatches=2")),
+    SweepRecipe("maniskill_pushcube_ppo", "PushCube state PPO (default job)",
+                ("algo.rollout_steps=8", "algo.epochs=1", "algo.num_minibatches=2")),
+    SweepRecipe("maniskill_pushcube_rgb_ppo", "PushCube rgb PPO",
+                ("env.num_envs=4", "env.image_size=64", "algo.rollout_steps=4", "algo.epochs=1", "algo.num_minibatches=1")),
+    SweepRecipe(str(HERE / "m2flow_rgb.yaml"), "PushCube rgb + token policy (VLA-shaped)",
+                ("env.num_envs=4", "env.image_size=64", "algo.rollout_steps=2", "algo.num_minibatches=1")),
+    SweepRecipe("cartpole_grpo", "CartPole GRPO", ("env.num_envs=8", "algo.group_size=4", "algo.rollout_steps=32",
+                                                    "algo.epochs=1", "algo.num_minibatches=1")),
+    SweepRecipe("maniskill_pushcube_grpo", "PushCube state GRPO",
+                ("env.num_envs=8", "algo.group_size=4", "algo.rollout_steps=8", "algo.epochs=1", "algo.num_minibatches=1")),
+)
+QUICK_RECIPES = ("cartpole_ppo", "cartpole_grpo")
+#: every run of the sweep: measured as planned (no re-planning, no learning into the cache)
+FIXED = ("plan.replan_threshold=0", "plan.learn=false", "logging.tensorboard=false", "logging.wandb=false")
+
+
+def plan_key(plan: Plan) -> tuple:
+    return (plan.mode, tuple(sorted((c, tuple(d)) for c, d in plan.placement.items())), plan.num_chunks,
+            tuple(plan.offload), plan.train_microbatch)
+
+
+def describe(plan: Plan) -> str:
+    spans = " ".join(f"{c}:{'-'.join(map(str, (d[0], d[-1]))) if len(d) > 1 else d[0]}{'*' if c in plan.offload else ''}"
+                     for c, d in plan.placement.items())
+    return f"{plan.mode} {plan.num_chunks}ch {spans}"
+
+
+def candidates(result: Any, sequential: Plan, max_chunks: int) -> list[Plan]:
+    """The planner's distinct candidates up to ``max_chunks`` chunks, fastest predicted first, and
+    the sequential plan."""
+    out: dict[tuple, Plan] = {}
+    for p, _ in result.candidates:
+        if p.num_chunks <= max_chunks:
+            out.setdefault(plan_key(p), p)
+    out.setdefault(plan_key(sequential), sequential)
+    out.setdefault(plan_key(result.best), result.best)
+    return list(out.values())
+
+
+def measure(cfg: EmbodiedConfig, cluster: Cluster, profile: Profile, plan: Plan, warmup: int, iterations: int) -> list[float]:
+    """Seconds of ``iterations`` training iterations (after ``warmup``) under exactly ``plan``."""
+    workflow = EmbodiedWorkflow(cfg)
+    runner = Runner(cfg, None, workflow)
+    workflow.machine(cluster)
+    layout = workflow.layout_of(plan)
+    workflow.build(cluster, layout, profile)
+    try:
+        times = []
+        for it in range(warmup + iterations):
+            metrics = runner.step()
+            if it >= warmup:
+                times.append(metrics["time/iteration_s"])
+        return times
+    finally:
+        workflow.close()
+
+
+def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]:
+    _, data = load_recipe(entry.recipe)
+    overrides = [*FIXED, f"plan.max_chunks={args.max_chunks}", *(entry.quick if args.quick else ()), *args.overrides]
+    cfg = apply_overrides(EmbodiedConfig, data, overrides)
+    print(f"== {entry.label} ({Path(entry.recipe).name})", flush=True)
+    with Cluster(cfg.cluster) as cluster:
+        profile = profile_embodied(cfg, cluster, force=args.reprofile, log=lambda line: None)
+        result = plan_embodied(cfg, profile)
+        workflow, resources = workflow_of(cfg), resources_of(cfg)
+        sequential = sequential_plan(workflow, resources, profile)
+        plans = candidates(result, sequential, args.max_chunks)
+        rows = []
+        for i, p in enumerate(plans):
+            times = measure(cfg, cluster, profile, p, args.warmup, args.iterations)
+            measured = statistics.median(times)
+            row = {
+                "plan": describe(p), "mode": p.mode, "chunks": p.num_chunks,
+                "placement": {c: list(d) for c, d in p.placement.items()}, "offload": list(p.offload),
+                "train_microbatch": p.train_microbatch,
+                "predicted_s": p.predicted_iteration_s, "measured_s": measured, "measured_all_s": times,
+                "error": (p.predicted_iteration_s - measured) / measured,
+                "chosen": plan_key(p) == plan_key(result.best), "sequential": plan_key(p) == plan_key(sequential),
+            }
+            rows.append(row)
+            print(f"  [{i + 1}/{len(plans)}] {row['plan']:<44} predicted {p.predicted_iteration_s:7.3f} s, measured "
+                  f"{measured:7.3f} s ({100 * row['error']:+.1f}%){'  <- chosen' if row['chosen'] else ''}", flush=True)
+    chosen = next(r for r in rows if r["chosen"])
+    seq = next(r for r in rows if r["sequential"])
+    best = min(rows, key=lambda r: r["measured_s"])
+    bound_s = result.bound.iteration_s if result.bound is not None else None
+    gap = seq["measured_s"] - bound_s if bound_s is not None else None
+    summary = {
+        "chosen": chosen["plan"], "best": best["plan"],
+        "chosen_measured_s": chosen["measured_s"], "best_measured_s": best["measured_s"],
+        "chosen_over_best": chosen["measured_s"] / best["measured_s"],
+        "chosen_error": chosen["error"],
+        "max_abs_error": max(abs(r["error"]) for r in rows),
+        "sequential_measured_s": seq["measured_s"],
+        "speedup_vs_sequential": seq["measured_s"] / chosen["measured_s"],
+        "bound_s": bound_s,
+        # the share of the possible gain (sequential -> bound) the choice realised, measured
+        "gap_captured": (seq["measured_s"] - chosen["measured_s"]) / gap if gap and gap > 0 else None,
+    }
+    print(f"  chosen {summary['chosen']}: {chosen['measured_s']:.3f} s, {100 * (summary['chosen_over_best'] - 1):.1f}% "
+          f"above the best ({summary['best']}); prediction {100 * chosen['error']:+.1f}%; bound {bound_s}", flush=True)
+    return {"recipe": Path(entry.recipe).name, "label": entry.label, "overrides": overrides,
+            "profile_key": profile.meta.get("key"), "profile_learned_runs": len(profile.meta.get("learned", [])),
+            "bound": result.bound.to_dict() if result.bound is not None else None,
+            "candidates": rows, "summary": summary}
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """The markdown table of docs/benchmarks.md: one row per recipe."""
+    lines = ["| recipe | planner's choice | predicted s | measured s | error | best measured (plan) | choice vs best "
+             "| sequential s | bound s | gap captured | worst error, any plan |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        s = r["summary"]
+        chosen = next(c for c in r["candidates"] if c["chosen"])
+        captured = "-" if s["gap_captured"] is None else f"{100 * s['gap_captured']:.0f}%"
+        bound = "-" if s["bound_s"] is None else f"{s['bound_s']:.3f}"
+        lines.append(f"| {r['label']} | {s['chosen']} | {chosen['predicted_s']:.3f} | {s['chosen_measured_s']:.3f} "
+                     f"| {100 * s['chosen_error']:+.1f}% | {s['best_measured_s']:.3f} ({s['best']}) "
+                     f"| {100 * (s['chosen_over_best'] - 1):+.1f}% | {s['sequential_measured_s']:.3f} | {bound} "
+                     f"| {captured} | {100 * s['max_abs_error']:.1f}% |")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> Path:
+    """One panel per recipe: measured vs predicted seconds per iteration of every candidate, the
+    planner's choice marked, the bound as a dashed line."""
+    n = len(results)
+    fig = Figure(figsize=(11, 2.6 * n + 0.6), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(n, 1, squeeze=False)[:, 0]
+    for ax, r in zip(axes, results):
+        rows = sorted(r["candidates"], key=lambda c: c["predicted_s"])
+        xs = range(len(rows))
+        ax.bar([x - 0.2 for x in xs], [c["predicted_s"] for c in rows], 0.4, color="#9db7d5", label="predicted")
+        ax.bar([x + 0.2 for x in xs], [c["measured_s"] for c in rows], 0.4,
+               color=["#c0392b" if c["chosen"] else "#2f6fb0" for c in rows], label="measured (red: planner's choice)")
+        if r["summary"]["bound_s"] is not None:
+            ax.axhline(r["summary"]["bound_s"], color="0.3", ls="--", lw=1, label="bound (work conservation)")
+        ax.set_xticks(list(xs), [c["plan"] for c in rows], rotation=25, ha="right", fontsize=7)
+        ax.set_ylabel("s / iteration")
+        ax.set_title(r["label"], fontsize=9, loc="left")
+    axes[0].legend(fontsize=7, loc="upper left")
+    fig.savefig(path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipes", nargs="+", default=None, help="recipe names or paths (default: all of the sweep)")
+    parser.add_argument("--iterations", type=int, default=None, help="timed iterations per plan (default 3; quick 1)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed iterations per plan first")
+    parser.add_argument("--max-chunks", type=int, default=None, help="largest chunk count measured (default 4; quick 2)")
+    parser.add_argument("--quick", action="store_true", help="tiny settings and the two CartPole recipes: a correctness check")
+    parser.add_argument("--reprofile", action="store_true", help="measure the profiles again (do it on a quiet machine)")
+    parser.add_argument("--name", default=None, help="result name (default m2flow_sweep, m2flow_sweep_quick)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides for every recipe")
+    args = parser.parse_args(argv)
+    args.iterations = args.iterations or (1 if args.quick else 3)
+    args.max_chunks = args.max_chunks or (2 if args.quick else 4)
+    name = args.name or ("m2flow_sweep_quick" if args.quick else "m2flow_sweep")
+    known = {Path(e.recipe).name.removesuffix(".yaml"): e for e in SWEEP_RECIPES}
+    wanted = args.recipes or (QUICK_RECIPES if args.quick else [Path(e.recipe).name.removesuffix(".yaml") for e in SWEEP_RECIPES])
+    entries = [known.get(Path(r).name.removesuffix(".yaml"), SweepRecipe(r, r)) for r in wanted]
+
+    results = [sweep_recipe(e, args) for e in entries]
+    md = table(results)
+    print(md)
+    png = plot(results, RESULTS / f"{name}.png")
+    result = {
+        "benchmark": "m2flow_sweep",
+        "command": "python -m benchmarks.m2flow_sweep " + " ".join(argv or []),
+        "settings": {"iterations": args.iterations, "warmup": args.warmup, "max_chunks": args.max_chunks, "quick": args.quick},
+        "recipes": results,
+        "table_md": md,
+        "png": png.name,
+    }
+    path = write_result(name, result)
+    print(f"wrote {path} and {png}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
