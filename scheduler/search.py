@@ -71,17 +71,19 @@ def plan(
     force_mode: str | None = None,
     force_chunks: int | None = None,
     keep: int = 32,
+    modes: tuple[str, ...] | None = None,
 ) -> PlanResult:
     """The fastest feasible plan for one iteration of ``workflow`` on ``resources``.
 
     ``max_chunks`` caps the chunk counts tried (default 16, never above the number of envs or
-    prompts); ``force_mode`` / ``force_chunks`` restrict the search to one mode / chunk count;
+    prompts); ``force_mode`` / ``force_chunks`` restrict the search to one mode / chunk count,
+    ``modes`` to some modes (e.g. the ones the runtime can run here);
     ``keep`` is how many ranked candidates keep a full timeline. Raises :class:`PlanningError`
     when nothing fits.
     """
     spec = workflow.spec
     _check_profile_and_devices(workflow, profile, resources)
-    modes = _modes(force_mode)
+    modes = _modes(force_mode, modes)
     chunk_counts = _chunk_counts(workflow, max_chunks, force_chunks)
 
     seen: set[tuple] = set()
@@ -135,9 +137,12 @@ def sequential_plan(workflow: Workflow, resources: Resources, profile: Profile |
 # ----------------------------------------------------------------------------------- internals
 
 
-def _modes(force_mode: str | None) -> tuple[str, ...]:
+def _modes(force_mode: str | None, allowed: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    unknown = [m for m in (allowed or ()) if m not in MODES]
+    if unknown:
+        raise ValueError(f"modes must be among {MODES}, got {unknown}")
     if force_mode is None:
-        return MODES
+        return tuple(m for m in MODES if allowed is None or m in allowed)
     if force_mode not in MODES:
         raise ValueError(f"force_mode must be one of {MODES}, got {force_mode!r}")
     return (force_mode,)
