@@ -13,6 +13,9 @@ Kinds live in :data:`WORKFLOW_KINDS` (a registry of builder specs, no if/elif on
     chunk's ``rollout tT``, the trainer trains ``train_epochs`` epochs on all
     ``num_envs * rollout_steps`` samples (PPO needs the whole batch before its first epoch), in
     calls of ``train_microbatch`` samples. Then weights sync to the rollout workers.
+    In ``shared`` mode (:data:`WorkflowKind.pool`: env and rollout) the env tasks run on lane
+    ``"env"`` and chunk c's rollout tasks on lane ``"rollout {c % lanes}"``, each priced at one
+    thread, sharing the pool's cores (see :mod:`scheduler.simulate`).
     With ``train_overlap`` (steady state of one-step-stale training, ``algo.staleness=1``) the trainer
     trains on the *previous* iteration's samples, so its epochs wait for no message of this
     iteration: they start as soon as their devices are free, and the weight sync follows both.
