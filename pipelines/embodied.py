@@ -134,12 +134,15 @@ class EmbodiedWorkflow(Workflow):
     def _rank_resources(self, component: str, layout: Layout) -> list[RankResources]:
         """What each rank of ``component`` reserves from Ray: its CPUs, its GPUs (the layout's
         share, or one whole GPU that Ray picks for a CUDA worker outside a GPU plan), custom
-        resources, its node (unless custom resources choose the nodes), thread variables."""
+        resources, its node (unless custom resources choose the nodes), thread variables. A shared
+        plan's rollout lanes split ``workers.rollout_cpus`` between them."""
         w = self.cfg.workers
         cpus = {"env": w.env_cpus, "rollout": w.rollout_cpus, "trainer": w.trainer_cpus}[component]
         device = {"env": "cpu", "rollout": w.rollout_device, "trainer": w.trainer_device}[component]
         custom = {"env": w.env_resources, "rollout": w.rollout_resources, "trainer": w.trainer_resources}[component]
         threads = w.trainer_threads if component == "trainer" else w.rollout_threads
+        if component == "rollout" and layout.plan.mode == SHARED:  # the lanes share the rollout's reservation
+            cpus /= len(layout.ranks_of("rollout"))
         out = []
         for rank in layout.ranks_of(component):
             num_gpus = rank.num_gpus if rank.gpus is not None else (1.0 if device.startswith("cuda") else 0.0)
