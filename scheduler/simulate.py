@@ -142,6 +142,7 @@ def _share(
     while left:
         # Start every lane's next task whose inputs are in; note when the next one will be.
         next_ready = math.inf
+        finished_at_once = False  # a task of no duration ended: scan again (a lane may wait on it)
         for lane, queue in queues.items():
             while lane not in running_lane and heads[lane] < len(queue):
                 task = queue[heads[lane]]
@@ -155,10 +156,13 @@ def _share(
                 if task.duration_s <= 0:
                     times[task.name] = (now, now)
                     left -= 1
+                    finished_at_once = True
                     continue
                 running_lane[lane] = task.name
                 remaining[task.name] = task.duration_s
                 times[task.name] = (now, math.nan)
+        if finished_at_once:
+            continue
         if not running_lane:
             if math.isinf(next_ready):
                 raise AssertionError("lane tasks wait for each other in a cycle")

@@ -328,6 +328,12 @@ def test_lanes_share_the_pool_by_processor_sharing():
     assert times["A"] == (0.0, 1.0) and times["B"] == (0.0, 1.0) and times["A2"] == (1.0, 1.5)
 
 
+def test_lane_tasks_of_no_duration_release_their_successors():
+    # Z takes no time; B (on a lane scanned before Z's) waits on it and on nothing else: starts at 0.
+    tasks = [_lane_task("B0", 0.0, "b"), _lane_task("Z", 0.0, "a", order=1), _lane_task("B", 1.0, "b", deps=("Z",), order=2)]
+    assert schedule(tasks, profile(component("rollout")))["B"] == (0.0, 1.0)
+
+
 def test_lane_messages_cost_between_lanes_only():
     # 0.1 s per message: across lanes it is paid, within a lane it is free.
     tasks = [_lane_task("A", 1.0, "a"), _lane_task("B", 1.0, "b", deps=("A",), order=1),
