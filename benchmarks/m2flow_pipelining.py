@@ -32,7 +32,7 @@ from pipelines.embodied import EmbodiedWorkflow
 from pipelines.planning import plan_embodied, profile_embodied, resources_of, workflow_of
 from pipelines.runner import Runner
 from pipelines.recipes import load_recipe
-from scheduler import sequential_plan, simulate
+from scheduler import SHARED, sequential_plan, simulate
 
 HERE = Path(__file__).parent
 
@@ -55,6 +55,7 @@ def run_config(cfg: EmbodiedConfig, iterations: int) -> dict[str, Any]:
     return {
         "mode": plan.mode,
         "chunks": plan.num_chunks,
+        "lanes": plan.lanes,
         "placement": {k: list(v) for k, v in plan.placement.items()},
         "predicted_iteration_s": plan.predicted_iteration_s,
         "measured_iteration_s": measured,
@@ -66,17 +67,21 @@ def run_config(cfg: EmbodiedConfig, iterations: int) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Workload:
-    """A benchmarked workload: its recipe, the chunk counts of the sweep, its result name and title."""
+    """A benchmarked workload: its recipe, the chunk counts of the sweep (in ``sweep_mode``, None:
+    the planner's best mode for the count), its result name and title."""
 
     recipe: str
     chunks: tuple[int, ...]
     name: str
     title: str
+    sweep_mode: str | None = None
 
 
 WORKLOADS = {
+    # the sweep: the pinned pipelines (env on one core, rollout on the other) against the planner's choice
     "rgb": Workload(str(HERE / "m2flow_rgb.yaml"), (2, 4), "m2flow_pipelining",
-                    "M2Flow on 2 CPU cores: ManiSkill rgb + token-decoding policy, one iteration (predicted)"),
+                    "M2Flow on 2 CPU cores: ManiSkill rgb + token-decoding policy, one iteration (predicted)",
+                    sweep_mode="hybrid"),
     # GRPO groups of 4 of 8 envs: a chunk holds whole groups
     "vla": Workload("maniskill_openvlaoft_grpo_tiny", (2,), "m2flow_pipelining_vla",
                     "M2Flow on 2 CPU cores: tiny OpenVLA-OFT (GRPO) on ManiSkill rgb, one iteration (predicted)"),
@@ -102,9 +107,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         profile = profile_embodied(base, cluster, force=args.reprofile)
     planned = plan_embodied(base, profile)
     choice, bound = planned.best, planned.bound
+    mode = workload.sweep_mode
     configs = {
         "sequential": ["plan.mode=colocated", "plan.chunks=1"],
-        **{f"{k} chunks": [f"plan.chunks={k}"] for k in workload.chunks},
+        **{(f"{mode}, {k} chunks" if mode else f"{k} chunks"): [f"plan.chunks={k}", *([f"plan.mode={mode}"] if mode else [])]
+           for k in workload.chunks},
         "planner": [],
     }
     results: dict[str, Any] = {}
@@ -121,8 +128,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     best = results[best_name]["measured_iteration_s"]
     for r in results.values():
         r["speedup_vs_sequential"] = seq / r["measured_iteration_s"]
+    seq_predicted = results["sequential"]["predicted_iteration_s"]
     summary = {
         "planner_speedup_vs_sequential": results["planner"]["speedup_vs_sequential"],
+        # the share of the gap between sequential and the bound that the planner's choice captures
+        "gap_captured_predicted": (seq_predicted - choice.predicted_iteration_s) / (seq_predicted - bound.iteration_s),
+        "gap_captured_measured": (seq - results["planner"]["measured_iteration_s"]) / (seq - bound.iteration_s),
         "planner_vs_best_of_sweep": results["planner"]["measured_iteration_s"] / best,
         "best_config": best_name,
         "max_prediction_error": max(r["prediction_error"] for r in results.values()),
@@ -139,14 +150,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"lower bound for any plan: {bound.iteration_s:.2f} s/iteration ({bound.limited_by}): no plan can be more than "
           f"{summary['speedup_ceiling_predicted']:.2f}x (predicted) / {summary['speedup_ceiling_measured']:.2f}x (measured "
           f"sequential) faster than sequential here")
+    print(f"the planner's choice captures {100 * summary['gap_captured_predicted']:.0f}% (predicted) / "
+          f"{100 * summary['gap_captured_measured']:.0f}% (measured) of the gap between sequential and the bound")
 
     workflow, resources = workflow_of(base), resources_of(base)
     seq_plan = sequential_plan(workflow, resources, profile)
-    png = plot_timelines(
-        {"sequential (1 chunk, colocated)": simulate(seq_plan, profile, workflow, resources),
-         f"planner's choice ({choice.mode}, {choice.num_chunks} chunks)": simulate(choice, profile, workflow, resources)},
-        RESULTS / f"{args.name}_timeline.png", title=workload.title,
-    )
+    panels = {"sequential (1 chunk, colocated)": simulate(seq_plan, profile, workflow, resources)}
+    if mode and mode != choice.mode:  # the best plan of the sweep's mode, to see what the choice gains on it
+        swept = plan_embodied(apply_overrides(EmbodiedConfig, data, [*args.overrides, f"plan.mode={mode}"]), profile).best
+        panels[f"best {mode} plan ({swept.num_chunks} chunks)"] = simulate(swept, profile, workflow, resources)
+    lanes = f", {choice.lanes} lanes" if choice.mode == SHARED else ""
+    panels[f"planner's choice ({choice.mode}, {choice.num_chunks} chunks{lanes})"] = simulate(choice, profile, workflow, resources)
+    png = plot_timelines(panels, RESULTS / f"{args.name}_timeline.png", title=workload.title)
     result = {
         "benchmark": "m2flow_pipelining",
         "workload_name": args.workload,

@@ -72,13 +72,14 @@ FIXED = ("plan.replan_threshold=0", "plan.learn=false", "logging.tensorboard=fal
 
 def plan_key(plan: Plan) -> tuple:
     return (plan.mode, tuple(sorted((c, tuple(d)) for c, d in plan.placement.items())), plan.num_chunks,
-            tuple(plan.offload), plan.train_microbatch)
+            tuple(plan.offload), plan.train_microbatch, plan.lanes)
 
 
 def describe(plan: Plan) -> str:
     spans = " ".join(f"{c}:{'-'.join(map(str, (d[0], d[-1]))) if len(d) > 1 else d[0]}{'*' if c in plan.offload else ''}"
                      for c, d in plan.placement.items())
-    return f"{plan.mode} {plan.num_chunks}ch {spans}"
+    lanes = f" lanes={plan.lanes}" if plan.lanes > 1 else ""
+    return f"{plan.mode} {plan.num_chunks}ch {spans}{lanes}"
 
 
 def candidates(result: Any, sequential: Plan, max_chunks: int) -> list[Plan]:

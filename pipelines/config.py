@@ -182,8 +182,10 @@ class LoggingConfig:
 class PlanConfig:
     """How the M2Flow planner shapes the micro flow (``plan.*`` keys)."""
 
-    mode: Literal["auto", "colocated", "disaggregated", "hybrid"] = "auto"
-    """Placement mode; ``auto`` lets the planner choose from the profile."""
+    mode: Literal["auto", "colocated", "disaggregated", "hybrid", "shared"] = "auto"
+    """Placement mode; ``auto`` lets the planner choose from the profile. ``shared`` (env and
+    rollout unpinned on all cores, the rollout in one-thread lanes; docs/planner.md) needs an
+    ``inprocess`` env and ``cluster.backend=ray``."""
     chunks: int | None = None
     """Env micro-chunks per env worker; None lets the planner choose."""
     profile: bool = True

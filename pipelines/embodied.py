@@ -44,7 +44,7 @@ from pipelines.preflight import preflight
 from pipelines.workers import BlockRoute, EnvWorker, Pinning, RolloutWorker, TrainerWorker
 from pipelines.workflow import WORKFLOWS, Layout, Workflow, WorkflowSpec
 from policies.registry import build_policy
-from scheduler import PlanResult, Profile
+from scheduler import SHARED, Plan, PlanResult, Profile
 from scheduler import Workflow as PlannerWorkflow
 
 LOG = logging.getLogger("embodied")
@@ -104,6 +104,10 @@ class EmbodiedWorkflow(Workflow):
         w = self.cfg.workers
         return {"env": w.env, "rollout": w.rollout, "trainer": w.trainer}
 
+    def ranks_for(self, plan: Plan) -> dict[str, int]:
+        """A ``shared`` plan runs the rollout as ``plan.lanes`` one-thread ranks (its lanes)."""
+        return {**self.ranks(), "rollout": plan.lanes} if plan.mode == SHARED else self.ranks()
+
     def measured_factors(self, profile: Profile, layout: Layout, metrics: dict[str, Any]) -> dict[str, float]:
         return measured_factors(profile, layout, self.cfg, metrics)
 
@@ -117,9 +121,12 @@ class EmbodiedWorkflow(Workflow):
         def pinning(component: str, rank: RankPlacement) -> Pinning:
             # One torch thread per core only where the probes showed the component scales with
             # cores; small models run fastest on one thread (more threads only spin and contend).
-            # Env ranks run one thread: their cores go to their env processes.
+            # Env ranks run one thread: their cores go to their env processes. A shared plan's env
+            # and rollout lanes run one thread each on the whole pool (the OS shares its cores).
             cores = rank.cores
             scales = component != "env" and profile[component].cost.scaling_exponent >= MIN_THREAD_SCALING
+            if layout.plan.mode == SHARED and component in ("env", "rollout"):
+                scales = False
             return Pinning(cores, len(cores) if cores is not None and scales else 1)
 
         return {c: tuple(pinning(c, r) for r in layout.ranks_of(c)) for c in self.components}
@@ -127,12 +134,15 @@ class EmbodiedWorkflow(Workflow):
     def _rank_resources(self, component: str, layout: Layout) -> list[RankResources]:
         """What each rank of ``component`` reserves from Ray: its CPUs, its GPUs (the layout's
         share, or one whole GPU that Ray picks for a CUDA worker outside a GPU plan), custom
-        resources, its node (unless custom resources choose the nodes), thread variables."""
+        resources, its node (unless custom resources choose the nodes), thread variables. A shared
+        plan's rollout lanes split ``workers.rollout_cpus`` between them."""
         w = self.cfg.workers
         cpus = {"env": w.env_cpus, "rollout": w.rollout_cpus, "trainer": w.trainer_cpus}[component]
         device = {"env": "cpu", "rollout": w.rollout_device, "trainer": w.trainer_device}[component]
         custom = {"env": w.env_resources, "rollout": w.rollout_resources, "trainer": w.trainer_resources}[component]
         threads = w.trainer_threads if component == "trainer" else w.rollout_threads
+        if component == "rollout" and layout.plan.mode == SHARED:  # the lanes share the rollout's reservation
+            cpus /= len(layout.ranks_of("rollout"))
         out = []
         for rank in layout.ranks_of(component):
             num_gpus = rank.num_gpus if rank.gpus is not None else (1.0 if device.startswith("cuda") else 0.0)
@@ -164,11 +174,8 @@ class EmbodiedWorkflow(Workflow):
             resources=requests["env"],
         )
         self.obs_space, self.action_space = self.env.call("spaces", ranks=[0]).result()
-        self.rollout = WorkerGroup(
-            cluster, RolloutWorker, w.rollout, cfg, self.obs_space, self.action_space, layout.num_chunks, pins["rollout"],
-            self.algorithm.needs_critic, self.algorithm.grouped, self._offloads("rollout", layout), name="rollout",
-            resources=requests["rollout"],
-        )
+        self.cluster_ = cluster
+        self.rollout = self._rollout_group(layout, pins["rollout"], requests["rollout"])
         self.trainer = WorkerGroup(
             cluster, TrainerWorker, w.trainer, cfg, self.obs_space, self.action_space, pins["trainer"],
             self._offloads("trainer", layout), self._trainer_micro_batch(layout),
@@ -180,6 +187,14 @@ class EmbodiedWorkflow(Workflow):
             LOG.debug(f"[embodied] trainer: {described} via {host}:{port}")
         self._connect(layout)
 
+    def _rollout_group(self, layout: Layout, pins: tuple[Pinning, ...], requests: list[RankResources]) -> WorkerGroup:
+        """The layout's rollout ranks (a shared plan's lanes, else ``workers.rollout``)."""
+        return WorkerGroup(
+            self.cluster_, RolloutWorker, len(layout.ranks_of("rollout")), self.cfg, self.obs_space, self.action_space,
+            layout.num_chunks, pins, self.algorithm.needs_critic, self.algorithm.grouped, self._offloads("rollout", layout),
+            name="rollout", resources=requests,
+        )
+
     def _connect(self, layout: Layout) -> None:
         self.obs_channel = Channel("observations", self.rollout, source="env")
         self.action_channel = Channel("actions", self.env, route=BlockRoute(layout.num_chunks), source="rollout")
@@ -188,6 +203,12 @@ class EmbodiedWorkflow(Workflow):
 
     def apply(self, layout: Layout) -> None:
         pins = self._pinnings(layout, self.profile_)
+        if len(layout.ranks_of("rollout")) != self.rollout.num_ranks:  # another number of lanes: new rollout ranks
+            self.rollout.shutdown()
+            requests = {c: self._rank_resources(c, layout) for c in self.components}
+            self.cluster_.check_capacity({c: [{"CPU": r.num_cpus, "GPU": r.num_gpus, **r.custom} for r in ranks]
+                                          for c, ranks in requests.items()})
+            self.rollout = self._rollout_group(layout, pins["rollout"], requests["rollout"])
         wait_all(
             self.env.call("configure", layout.num_chunks, pins["env"]).as_phase(),  # rebuilds the envs
             self.rollout.call("configure", layout.num_chunks, pins["rollout"], self._offloads("rollout", layout)),

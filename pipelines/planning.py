@@ -41,7 +41,19 @@ from pipelines.layout import Machine, NodeSpec
 from pipelines.workflow import Layout, cpu_resources
 from policies.registry import build_policy
 from embodied.runtime.weights import WeightSyncer
-from scheduler import WEIGHT_SYNC, ComponentProfile, CostModel, PlanResult, Profile, Resources, Workflow, fit_cost_model, plan
+from scheduler import (
+    MODES,
+    WEIGHT_SYNC,
+    ComponentProfile,
+    CostModel,
+    SHARED,
+    PlanResult,
+    Profile,
+    Resources,
+    Workflow,
+    fit_cost_model,
+    plan,
+)
 
 MIB = 2**20
 MIN_THREAD_SCALING = 0.3
@@ -585,7 +597,7 @@ def profile_embodied(cfg: EmbodiedConfig, cluster: Cluster, force: bool = False,
 SIMPLICITY_MARGIN = 0.02
 """A plan with more chunks or a less simple mode must be predicted this much faster to be chosen:
 more chunks mean more messages, and a prediction within noise does not pay for that risk."""
-MODE_RANK = {"colocated": 0, "disaggregated": 1, "hybrid": 2}
+MODE_RANK = {"colocated": 0, "disaggregated": 1, "hybrid": 2, "shared": 3}
 
 
 def plan_embodied(cfg: EmbodiedConfig, profile: Profile, resources: Resources | None = None) -> PlanResult:
@@ -606,8 +618,18 @@ def plan_embodied(cfg: EmbodiedConfig, profile: Profile, resources: Resources | 
         max_chunks=min(cfg.plan.max_chunks, cfg.env.num_envs),
         force_mode=None if cfg.plan.mode == "auto" else cfg.plan.mode,
         force_chunks=cfg.plan.chunks,
+        modes=runnable_modes(cfg),
     )
     return prefer_simple(result)
+
+
+def runnable_modes(cfg: EmbodiedConfig) -> tuple[str, ...]:
+    """The modes the runtime runs as the planner models them for ``cfg``. ``shared`` prices the
+    env as one thread and each rollout lane as its own process: it needs an ``inprocess`` env (no
+    env processes) with one env worker, and Ray workers (the local backend runs every worker in
+    one process)."""
+    lanes_run = cfg.env.backend == "inprocess" and cfg.workers.env == 1 and cfg.cluster.backend == "ray"
+    return tuple(m for m in MODES if m != SHARED or lanes_run)
 
 
 def with_device_kinds(cfg: EmbodiedConfig, profile: Profile) -> Profile:
@@ -637,8 +659,12 @@ def measured_factors(profile: Profile, layout: Layout, cfg: EmbodiedConfig, metr
     workflow = workflow_of(cfg)
     chunk = math.ceil(workflow.num_envs / k)
     devices = {name: len(placed) for name, placed in layout.plan.placement.items()}
+    lanes = 1
+    if layout.plan.mode == SHARED:  # one thread per env and rollout worker; each lane makes its chunks' calls
+        devices["env"] = devices["rollout"] = 1
+        lanes = layout.plan.lanes
     env_pred = profile["env"].cost.time_s(math.ceil(cfg.env.num_envs / k), devices["env"]) * T * k
-    roll_pred = profile["rollout"].cost.time_s(chunk, devices["rollout"]) * (T + 1) * k
+    roll_pred = profile["rollout"].cost.time_s(chunk, devices["rollout"]) * (T + 1) * k / lanes  # per rank
     mb = layout.plan.train_microbatch or workflow.train_minibatch
     # the epochs the update ran (``algo.target_kl`` may stop it early), not the configured ones
     epochs = metrics.get("losses/epochs") or cfg.algo.epochs

@@ -93,9 +93,13 @@ class Workflow(ABC):
         """Ranks per component (default one each)."""
         return {c: 1 for c in self.components}
 
+    def ranks_for(self, plan: Plan) -> dict[str, int]:
+        """Ranks per component under ``plan`` (default: :meth:`ranks`; a plan may set some)."""
+        return self.ranks()
+
     def layout_of(self, plan: Plan) -> Layout:
         """``plan`` laid out on this workflow's machine and ranks."""
-        return Layout.of(plan, self.machine(), self.ranks())
+        return Layout.of(plan, self.machine(), self.ranks_for(plan))
 
     @abstractmethod
     def planner_workflow(self) -> PlannerWorkflow:

@@ -15,7 +15,7 @@ from scheduler.cost_model import CostModel, fit_cost_model
 from scheduler.graph import Dep, Task, call_sizes, chunk_sizes
 from scheduler.memory import memory_violations, peak_memory_gib
 from scheduler.placements import PLACEMENT_MODES
-from scheduler.plans import MODES, Plan, Span, Timeline
+from scheduler.plans import MODES, SHARED, Plan, Span, Timeline
 from scheduler.profile import WEIGHT_SYNC, ComponentProfile, Profile
 from scheduler.resources import Device, Resources
 from scheduler.search import PlanningError, PlanResult, plan, sequential_plan
@@ -25,6 +25,7 @@ from scheduler.workflows import WORKFLOW_KINDS, Workflow, WorkflowKind
 __all__ = [
     "MODES",
     "PLACEMENT_MODES",
+    "SHARED",
     "WEIGHT_SYNC",
     "WORKFLOW_KINDS",
     "Bound",

@@ -1,6 +1,8 @@
 """The task graph of one iteration: what the simulator schedules.
 
-A :class:`Task` runs on all devices of its component's worker group at once for ``duration_s``.
+A :class:`Task` runs on all devices of its component's worker group at once for ``duration_s``;
+a task with a ``lane`` instead shares its devices (a pool of cores) with the other lane tasks
+running at the time (processor sharing, see :mod:`scheduler.simulate`).
 Its ``deps`` are messages it waits for; a message between different device sets also pays
 ``Profile.message_s(size_mib)``. ``order`` is the task's place in the static per-device order:
 each device runs its tasks in ascending ``order`` (the runtime's workers do the same: they handle
@@ -40,6 +42,12 @@ class Task:
     chunk: int | None = None
     kind: str = "work"
     """``"work"``, ``"sync"``, ``"onload"`` or ``"offload"``."""
+    lane: str | None = None
+    """Shared mode: the worker (one process) that runs the task, one task after the other in
+    ``order``; the task shares ``devices`` (the pool) with the other lanes' tasks. None: the task
+    occupies all its devices alone."""
+    threads: int = 1
+    """Lane tasks: cores the task keeps busy at full speed (``duration_s`` is its time then)."""
 
 
 def chunk_sizes(total: int, num_chunks: int) -> tuple[int, ...]:

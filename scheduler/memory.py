@@ -4,7 +4,9 @@ A component is resident on its devices during its own phase. Outside its phase i
 unless it is in ``Plan.offload``. So on device d during phase p the resident set is
 ``{X on d: phase(X) == p or X not offloaded}``, and each X holds
 ``memory_gib + memory_per_item_gib * ceil(items / len(placement[X]))`` on each of its devices,
-where ``items`` is what one call of X holds (:attr:`WorkflowKind.memory_items`).
+where ``items`` is what one call of X holds (:attr:`WorkflowKind.memory_items`). In ``shared``
+mode the pool components' workers float over the pool, so each holds its whole calls
+(``ceil(items / 1)``) on every device of the pool; a plan has at most one lane per core.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from scheduler.graph import items_per_device
-from scheduler.plans import Plan
+from scheduler.plans import SHARED, Plan
 from scheduler.profile import Profile
 from scheduler.resources import Resources
 from scheduler.workflows import Workflow
@@ -23,8 +25,9 @@ _SLACK_GIB = 1e-9  # float noise allowed when summing memory
 def component_memory_gib(plan: Plan, profile: Profile, workflow: Workflow) -> dict[str, float]:
     """Component -> GiB it holds on each of its devices while resident."""
     items = workflow.spec.memory_items(workflow, plan.num_chunks, plan.train_microbatch)
+    floating = set(workflow.spec.pool) if plan.mode == SHARED else set()
     return {
-        name: profile[name].memory_on_device_gib(items_per_device(items[name], len(devices)))
+        name: profile[name].memory_on_device_gib(items_per_device(items[name], 1 if name in floating else len(devices)))
         for name, devices in plan.placement.items()
     }
 

@@ -12,6 +12,10 @@ scaling exponent is >= 0) nor need more memory per device, so leaving one idle n
   generation side on its devices, training on others: what lets training overlap the next collection).
 * ``hybrid``: the workflow's ``hybrid_shared`` components (the trainer) on all devices of their
   class; the others on pairwise disjoint sets that the shared ones overlap.
+* ``shared``: the workflow's ``pool`` components (env and rollout) together on all CPU cores of a
+  class, not pinned: their workers (one thread each, the rollout in ``Plan.lanes`` workers) share
+  the pool's cores (processor sharing, :mod:`scheduler.simulate`); the other components on all
+  devices of their class. Its placement looks like ``colocated``; the search keeps it apart.
 """
 
 from __future__ import annotations
@@ -100,9 +104,23 @@ def hybrid(spec: WorkflowKind, profile: Profile, resources: Resources) -> Iterat
             yield {c: placement[c] for c in spec.components}
 
 
+def shared(spec: WorkflowKind, profile: Profile, resources: Resources) -> Iterator[Placement]:
+    pool = spec.pool
+    if not pool:
+        return
+    rest = tuple(c for c in spec.components if c not in pool)
+    pools = [c for c in eligible_classes(pool[0], profile, resources)
+             if c.kind == "cpu" and len(c.indices) > 1 and all(c in eligible_classes(m, profile, resources) for m in pool[1:])]
+    for pool_class in pools:
+        for rest_classes in product(*(eligible_classes(c, profile, resources) for c in rest)):
+            placement = {**{c: pool_class.indices for c in pool}, **{c: k.indices for c, k in zip(rest, rest_classes)}}
+            yield {c: placement[c] for c in spec.components}
+
+
 PLACEMENT_MODES: dict[str, Callable[[WorkflowKind, Profile, Resources], Iterator[Placement]]] = {
     "colocated": colocated,
     "disaggregated": disaggregated,
     "hybrid": hybrid,
+    "shared": shared,
 }
 """Mode -> enumerator of its placements; keys in the order of :data:`scheduler.plans.MODES`."""

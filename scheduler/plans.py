@@ -9,16 +9,20 @@ from typing import Any
 
 from scheduler._json import check_keys
 
-MODES = ("colocated", "disaggregated", "hybrid")
+MODES = ("colocated", "disaggregated", "hybrid", "shared")
 """Placement modes, simplest first (the planner's tie-break order)."""
+
+SHARED = "shared"
+"""The mode whose pool components float, unpinned, over one shared pool of CPU cores (see ``Plan.lanes``)."""
 
 
 @dataclass(frozen=True)
 class Plan:
     """A micro flow the runtime executes.
 
-    The runtime acts on ``placement``, ``num_chunks``, ``train_microbatch`` and ``offload``;
-    ``mode`` names the shape of the placement for humans and logs.
+    The runtime acts on ``placement``, ``num_chunks``, ``train_microbatch``, ``offload`` and, in
+    ``shared`` mode, on ``lanes``; ``mode`` names the shape of the placement for humans and logs,
+    except ``shared``, which also tells the runtime to leave the pool components unpinned.
     """
 
     mode: str
@@ -33,6 +37,11 @@ class Plan:
     """Components that leave their devices' memory outside their own phase (sorted)."""
     predicted_iteration_s: float
     """Simulated seconds of one iteration (NaN when planned without a profile)."""
+    lanes: int = 1
+    """``shared`` mode: worker processes of the workflow's lane component (embodied: the rollout),
+    one thread each, floating over the shared pool with the other pool components (the env);
+    chunk c runs on lane ``c % lanes``. At least 2 in ``shared`` mode (one lane would be the
+    hybrid flow unpinned), 1 in every other mode."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -44,6 +53,10 @@ class Plan:
         for name, devices in self.placement.items():
             if not isinstance(devices, tuple) or not devices or len(set(devices)) != len(devices):
                 raise ValueError(f"Plan.placement[{name!r}] must be a non-empty tuple of distinct ints, got {devices!r}")
+        if (self.lanes >= 2) != (self.mode == SHARED) or self.lanes < 1:
+            raise ValueError(f"Plan.lanes must be >= 2 in mode {SHARED!r} and 1 in the others; got {self.lanes} in mode {self.mode!r}")
+        if self.lanes > self.num_chunks:
+            raise ValueError(f"Plan.lanes={self.lanes} exceeds num_chunks={self.num_chunks}: a lane would have no chunk")
         unknown = sorted(set(self.offload) - set(self.placement))
         if unknown:
             raise ValueError(f"Plan.offload names components that are not placed: {unknown}")
@@ -57,11 +70,12 @@ class Plan:
             "train_microbatch": self.train_microbatch,
             "offload": list(self.offload),
             "predicted_iteration_s": None if math.isnan(predicted) else predicted,
+            "lanes": self.lanes,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
-        keys = ("mode", "placement", "num_chunks", "train_microbatch", "offload", "predicted_iteration_s")
+        keys = ("mode", "placement", "num_chunks", "train_microbatch", "offload", "predicted_iteration_s", "lanes")
         check_keys("Plan", data, keys, required=("mode", "placement", "num_chunks"))
         predicted = data.get("predicted_iteration_s")
         microbatch = data.get("train_microbatch")
@@ -72,14 +86,18 @@ class Plan:
             train_microbatch=None if microbatch is None else int(microbatch),
             offload=tuple(data.get("offload", ())),
             predicted_iteration_s=math.nan if predicted is None else float(predicted),
+            lanes=int(data.get("lanes", 1)),
         )
 
     def placement_str(self) -> str:
-        """E.g. ``"env:0-1 rollout:2 trainer:0-3"``; offloaded components end in ``*``."""
+        """E.g. ``"env:0-1 rollout:2 trainer:0-3"``; offloaded components end in ``*``; a shared
+        plan ends in ``lanes=N``."""
         parts = []
         for name, devices in self.placement.items():
             star = "*" if name in self.offload else ""
             parts.append(f"{name}:{_ranges(devices)}{star}")
+        if self.mode == SHARED:
+            parts.append(f"lanes={self.lanes}")
         return " ".join(parts)
 
 

@@ -1,11 +1,11 @@
-"""Plan search: enumerate modes x placements x chunk counts x offload sets, simulate, rank.
+"""Plan search: enumerate modes x placements x chunk counts (x lanes) x offload sets, simulate, rank.
 
 For each placement and chunk count the planner derives the memory-dependent choices instead of
 enumerating them blindly: for every set of offloaded components it takes the largest trainer
 micro-batch that fits (fewer calls are never slower), drops infeasible sets and sets dominated by a
 smaller set with an equal or larger micro-batch (extra context switches are never faster), and
 simulates what is left. Ranking: predicted iteration time, then fewer chunks, then the simpler
-mode (:data:`~scheduler.plans.MODES` order), then fewer offloads, then a larger micro-batch, then
+mode (:data:`~scheduler.plans.MODES` order), then fewer lanes, then fewer offloads, then a larger micro-batch, then
 the placement — fully deterministic.
 """
 
@@ -19,7 +19,7 @@ from itertools import combinations
 from scheduler.bounds import Bound, lower_bound
 from scheduler.memory import component_memory_gib, phase_overflows, resident_memory_gib, switchable_components
 from scheduler.placements import PLACEMENT_MODES, Placement, eligible_classes
-from scheduler.plans import MODES, Plan, Timeline
+from scheduler.plans import MODES, SHARED, Plan, Timeline
 from scheduler.profile import Profile
 from scheduler.resources import Resources
 from scheduler.simulate import predict, simulate
@@ -71,17 +71,19 @@ def plan(
     force_mode: str | None = None,
     force_chunks: int | None = None,
     keep: int = 32,
+    modes: tuple[str, ...] | None = None,
 ) -> PlanResult:
     """The fastest feasible plan for one iteration of ``workflow`` on ``resources``.
 
     ``max_chunks`` caps the chunk counts tried (default 16, never above the number of envs or
-    prompts); ``force_mode`` / ``force_chunks`` restrict the search to one mode / chunk count;
+    prompts); ``force_mode`` / ``force_chunks`` restrict the search to one mode / chunk count,
+    ``modes`` to some modes (e.g. the ones the runtime can run here);
     ``keep`` is how many ranked candidates keep a full timeline. Raises :class:`PlanningError`
     when nothing fits.
     """
     spec = workflow.spec
     _check_profile_and_devices(workflow, profile, resources)
-    modes = _modes(force_mode)
+    modes = _modes(force_mode, modes)
     chunk_counts = _chunk_counts(workflow, max_chunks, force_chunks)
 
     seen: set[tuple] = set()
@@ -95,16 +97,18 @@ def plan(
             placements_found += 1
             placement_key = tuple(sorted(placement.items()))
             for k in chunk_counts:
-                if (placement_key, k) in seen:  # same micro flow as a simpler mode already tried
-                    continue
-                seen.add((placement_key, k))
-                options, problems = _memory_options(workflow, profile, resources, placement, k)
-                overflows.extend(problems)
-                for offload, microbatch in options:
-                    candidate = Plan(mode, placement, k, microbatch, offload, math.nan)
-                    makespan_s, _ = predict(candidate, profile, workflow, resources)
-                    candidate = dataclasses.replace(candidate, predicted_iteration_s=makespan_s)
-                    scored.append((_rank_key(candidate, placement_key), candidate))
+                for lanes in _lane_counts(mode, spec.pool, placement, k):
+                    flow_key = (placement_key, k, lanes if mode == SHARED else 0)
+                    if flow_key in seen:  # same micro flow as a simpler mode already tried
+                        continue
+                    seen.add(flow_key)
+                    options, problems = _memory_options(workflow, profile, resources, placement, k, mode, lanes)
+                    overflows.extend(problems)
+                    for offload, microbatch in options:
+                        candidate = Plan(mode, placement, k, microbatch, offload, math.nan, lanes)
+                        makespan_s, _ = predict(candidate, profile, workflow, resources)
+                        candidate = dataclasses.replace(candidate, predicted_iteration_s=makespan_s)
+                        scored.append((_rank_key(candidate, placement_key), candidate))
     if not scored:
         raise PlanningError(_explain_infeasible(workflow, profile, resources, modes, placements_found, overflows))
     scored.sort(key=lambda item: item[0])
@@ -133,9 +137,12 @@ def sequential_plan(workflow: Workflow, resources: Resources, profile: Profile |
 # ----------------------------------------------------------------------------------- internals
 
 
-def _modes(force_mode: str | None) -> tuple[str, ...]:
+def _modes(force_mode: str | None, allowed: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    unknown = [m for m in (allowed or ()) if m not in MODES]
+    if unknown:
+        raise ValueError(f"modes must be among {MODES}, got {unknown}")
     if force_mode is None:
-        return MODES
+        return tuple(m for m in MODES if allowed is None or m in allowed)
     if force_mode not in MODES:
         raise ValueError(f"force_mode must be one of {MODES}, got {force_mode!r}")
     return (force_mode,)
@@ -153,8 +160,16 @@ def _chunk_counts(workflow: Workflow, max_chunks: int | None, force_chunks: int 
     return tuple(range(1, min(limit, cap) + 1))
 
 
+def _lane_counts(mode: str, pool: tuple[str, ...], placement: Placement, num_chunks: int) -> range:
+    """Lanes worth trying: 2 up to the pool's cores and the chunks in shared mode, else just 1."""
+    if mode != SHARED:
+        return range(1, 2)
+    return range(2, min(num_chunks, len(placement[pool[0]])) + 1)
+
+
 def _memory_options(
-    workflow: Workflow, profile: Profile, resources: Resources, placement: Placement, num_chunks: int
+    workflow: Workflow, profile: Profile, resources: Resources, placement: Placement, num_chunks: int,
+    mode: str = "colocated", lanes: int = 1,
 ) -> tuple[list[tuple[tuple[str, ...], int]], list[tuple[float, str]]]:
     """Non-dominated feasible ``(offload, train_microbatch)`` pairs, and the overflows seen."""
     spec = workflow.spec
@@ -164,7 +179,7 @@ def _memory_options(
     problems: list[tuple[float, str]] = []
     for offload in subsets:
         for microbatch in spec.microbatch_candidates(workflow):
-            trial = Plan("colocated", placement, num_chunks, microbatch, offload, math.nan)
+            trial = Plan(mode, placement, num_chunks, microbatch, offload, math.nan, lanes)
             memory = component_memory_gib(trial, profile, workflow)
             found = phase_overflows(resident_memory_gib(placement, spec.phases, memory, offload), resources, spec.phase_names)
             if not found:
@@ -189,6 +204,7 @@ def _rank_key(candidate: Plan, placement_key: tuple) -> tuple:
         round(candidate.predicted_iteration_s, _TIME_DECIMALS),
         candidate.num_chunks,
         MODES.index(candidate.mode),
+        candidate.lanes,
         len(candidate.offload),
         -(candidate.train_microbatch or 0),
         candidate.offload,

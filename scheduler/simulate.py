@@ -10,6 +10,14 @@ Rules (the runtime must behave the same way for the prediction to hold):
 * A message between tasks whose device sets differ arrives ``transfer_latency_s +
   size_mib * transfer_s_per_mib`` after its sender ends; transfers do not occupy devices.
   Between identical device sets it is free.
+* **Shared pool** (``shared`` mode): a task with a ``lane`` does not occupy its devices (the pool
+  of cores); it runs on its lane (one worker process) after the lane's previous task, once its
+  inputs have arrived. Lane tasks running at the same time share the pool's P cores: with N
+  threads running in all (a task asks for ``threads``), each runs at speed ``min(1, P / N)`` of
+  its ``duration_s`` (processor sharing, work-conserving: as the OS shares unpinned threads). A
+  message between lane tasks is free only within one lane. The pool starts when all its devices
+  are free and is free again when its last lane task ends; no other task on a pool device may be
+  ordered between the pool's lane tasks.
 * Each offloaded component X gets, on each of its devices, an ``onload`` span before its phase's
   first task there and an ``offload`` span after the phase's last task there. Over an iteration
   in steady state every offloaded component pays one onload and one offload per device.
@@ -17,8 +25,10 @@ Rules (the runtime must behave the same way for the prediction to hold):
 
 from __future__ import annotations
 
+import math
+
 from scheduler.graph import OFFLOAD, ONLOAD, Task
-from scheduler.plans import Plan, Span, Timeline
+from scheduler.plans import SHARED, Plan, Span, Timeline
 from scheduler.profile import Profile
 from scheduler.resources import Resources
 from scheduler.workflows import Workflow
@@ -48,34 +58,128 @@ def task_graph(plan: Plan, profile: Profile, workflow: Workflow, resources: Reso
 
 def schedule(tasks: list[Task], profile: Profile) -> dict[str, tuple[float, float]]:
     """Task name -> (start_s, end_s) under the rules of this module."""
-    devices_of = {t.name: t.devices for t in tasks}
-    component_of = {t.name: t.component for t in tasks}
-    cross_process = profile.cross_process_messages
-    if len(devices_of) != len(tasks):
+    by_name = {t.name: t for t in tasks}
+    if len(by_name) != len(tasks):
         raise ValueError("task names must be unique")
-    latency_s, s_per_mib = profile.transfer_latency_s, profile.transfer_s_per_mib
+    ordered = sorted(tasks, key=_order)
+    lane_tasks = [t for t in ordered if t.lane is not None]
+    _check_pool(ordered, lane_tasks)
     device_free_s: dict[int, float] = {}
     times: dict[str, tuple[float, float]] = {}
-    for task in sorted(tasks, key=_order):
-        ready_s = 0.0
-        devices = task.devices
-        for dep in task.deps:
-            if dep.task not in times:
-                raise AssertionError(f"task {task.name!r} is ordered before its input {dep.task!r}")
-            arrive_s = times[dep.task][1]
-            if devices_of[dep.task] != devices or (cross_process and component_of[dep.task] != task.component):
-                arrive_s += latency_s + dep.size_mib * s_per_mib
-            if arrive_s > ready_s:
-                ready_s = arrive_s
-        for d in devices:
+    for task in ordered:
+        if task.lane is not None:
+            if task is lane_tasks[0]:  # the whole pool at once: its tasks slow each other down
+                pool = task.devices
+                start_s = max((device_free_s.get(d, 0.0) for d in pool), default=0.0)
+                end_s = _share(lane_tasks, start_s, times, by_name, profile)
+                for d in pool:
+                    device_free_s[d] = end_s
+            continue
+        ready_s = _inputs_ready(task, times, by_name, profile)
+        for d in task.devices:
             free_s = device_free_s.get(d, 0.0)
             if free_s > ready_s:
                 ready_s = free_s
         end_s = ready_s + task.duration_s
         times[task.name] = (ready_s, end_s)
-        for d in devices:
+        for d in task.devices:
             device_free_s[d] = end_s
     return times
+
+
+def _inputs_ready(task: Task, times: dict[str, tuple[float, float]], by_name: dict[str, Task], profile: Profile) -> float:
+    """When the last input message of ``task`` arrives (its senders must have been scheduled)."""
+    ready_s = 0.0
+    for dep in task.deps:
+        if dep.task not in times:
+            raise AssertionError(f"task {task.name!r} is ordered before its input {dep.task!r}")
+        sender = by_name[dep.task]
+        arrive_s = times[dep.task][1]
+        if _pays_message(sender, task, profile.cross_process_messages):
+            arrive_s += profile.message_s(dep.size_mib)
+        if arrive_s > ready_s:
+            ready_s = arrive_s
+    return ready_s
+
+
+def _pays_message(sender: Task, receiver: Task, cross_process: bool) -> bool:
+    if sender.lane is not None or receiver.lane is not None:
+        return sender.lane != receiver.lane
+    return sender.devices != receiver.devices or (cross_process and sender.component != receiver.component)
+
+
+def _check_pool(ordered: list[Task], lane_tasks: list[Task]) -> None:
+    """One pool, its lane tasks contiguous in the static order of its devices."""
+    if not lane_tasks:
+        return
+    pool = lane_tasks[0].devices
+    if any(t.devices != pool for t in lane_tasks):
+        raise ValueError("all lane tasks must share one pool of devices")
+    first, last = _order(lane_tasks[0]), _order(lane_tasks[-1])
+    for t in ordered:
+        if t.lane is None and set(t.devices) & set(pool) and first < _order(t) < last:
+            raise ValueError(f"task {t.name!r} on the pool is ordered between its lane tasks")
+
+
+_DONE = 1e-12  # remaining work (s) below which a lane task counts as finished (float noise)
+
+
+def _share(
+    lane_tasks: list[Task], start_s: float, times: dict[str, tuple[float, float]], by_name: dict[str, Task],
+    profile: Profile,
+) -> float:
+    """Processor sharing of ``lane_tasks`` (in static order) on their pool from ``start_s``;
+    writes their (start, end) into ``times`` and returns when the last one ends."""
+    cores = len(lane_tasks[0].devices)
+    queues: dict[str, list[Task]] = {}
+    for t in lane_tasks:
+        queues.setdefault(t.lane, []).append(t)  # type: ignore[arg-type]
+    heads = dict.fromkeys(queues, 0)
+    remaining: dict[str, float] = {}  # running task -> seconds of work left at full speed
+    running_lane: dict[str, str] = {}  # lane -> its running task
+    now = end_s = start_s
+    left = len(lane_tasks)
+    while left:
+        # Start every lane's next task whose inputs are in; note when the next one will be.
+        next_ready = math.inf
+        finished_at_once = False  # a task of no duration ended: scan again (a lane may wait on it)
+        for lane, queue in queues.items():
+            while lane not in running_lane and heads[lane] < len(queue):
+                task = queue[heads[lane]]
+                if any(d.task not in times or d.task in remaining for d in task.deps):
+                    break  # an input is still being computed
+                ready_s = max(start_s, _inputs_ready(task, times, by_name, profile))
+                if ready_s > now:
+                    next_ready = min(next_ready, ready_s)
+                    break
+                heads[lane] += 1
+                if task.duration_s <= 0:
+                    times[task.name] = (now, now)
+                    left -= 1
+                    finished_at_once = True
+                    continue
+                running_lane[lane] = task.name
+                remaining[task.name] = task.duration_s
+                times[task.name] = (now, math.nan)
+        if finished_at_once:
+            continue
+        if not running_lane:
+            if math.isinf(next_ready):
+                raise AssertionError("lane tasks wait for each other in a cycle")
+            now = next_ready
+            continue
+        threads = sum(by_name[name].threads for name in running_lane.values())
+        speed = min(1.0, cores / threads)
+        dt = min(min(remaining.values()) / speed, next_ready - now)
+        now += dt
+        for lane, name in list(running_lane.items()):
+            remaining[name] -= dt * speed
+            if remaining[name] <= _DONE * max(1.0, by_name[name].duration_s):
+                del remaining[name], running_lane[lane]
+                times[name] = (times[name][0], now)
+                end_s = max(end_s, now)
+                left -= 1
+    return end_s
 
 
 def _order(task: Task) -> tuple[int, int, int, int, int]:
@@ -88,12 +192,28 @@ def simulate(plan: Plan, profile: Profile, workflow: Workflow, resources: Resour
     times = schedule(tasks, profile)
     makespan_s, utilization = _summary(tasks, times, len(resources.devices))
     spans = []
+    shown_on = _pool_rows(tasks, times)
     for task in tasks:
         start_s, end_s = times[task.name]
-        for d in task.devices:
+        for d in shown_on.get(task.name, task.devices):
             spans.append(Span(task.component, d, start_s, end_s, task.step, task.chunk, task.name, task.kind))
     spans.sort(key=lambda s: (s.start_s, s.device, s.end_s, s.label))
     return Timeline(tuple(spans), makespan_s, utilization)
+
+
+def _pool_rows(tasks: list[Task], times: dict[str, tuple[float, float]]) -> dict[str, tuple[int, ...]]:
+    """Lane task -> the pool cores its span is drawn on: the lowest cores free at its start (an
+    oversubscribed pool draws on the cores that free up first, overlapping)."""
+    lane_tasks = sorted((t for t in tasks if t.lane is not None), key=lambda t: (times[t.name][0], _order(t)))
+    free_at = {d: -math.inf for d in (lane_tasks[0].devices if lane_tasks else ())}
+    rows: dict[str, tuple[int, ...]] = {}
+    for task in lane_tasks:
+        start_s, end_s = times[task.name]
+        chosen = sorted(free_at, key=lambda d: (free_at[d] > start_s, free_at[d] if free_at[d] > start_s else 0.0, d))
+        rows[task.name] = tuple(sorted(chosen[: task.threads]))
+        for d in rows[task.name]:
+            free_at[d] = max(free_at[d], end_s)
+    return rows
 
 
 def predict(plan: Plan, profile: Profile, workflow: Workflow, resources: Resources) -> tuple[float, dict[int, float]]:
@@ -108,8 +228,10 @@ def _summary(tasks: list[Task], times: dict[str, tuple[float, float]], num_devic
     for task in tasks:
         if task.kind in ("work", "sync"):
             start_s, end_s = times[task.name]
+            # a lane task keeps `threads` cores busy for its duration_s at full speed, however shared
+            share_s = task.duration_s * task.threads / len(task.devices) if task.lane is not None else end_s - start_s
             for d in task.devices:
-                busy_s[d] += end_s - start_s
+                busy_s[d] += share_s
     return makespan_s, {d: (b / makespan_s if makespan_s > 0 else 0.0) for d, b in busy_s.items()}
 
 
@@ -124,6 +246,17 @@ def validate_plan(plan: Plan, profile: Profile, workflow: Workflow, resources: R
     limit = spec.chunk_total(workflow)
     if plan.num_chunks > limit:
         raise ValueError(f"num_chunks={plan.num_chunks} exceeds the {limit} items the chunks partition")
+    if plan.mode == SHARED:
+        pool = spec.pool
+        if not pool:
+            raise ValueError(f"the {workflow.kind} workflow has no shared mode (no pool components)")
+        cores = plan.placement[pool[0]]
+        if any(plan.placement[c] != cores for c in pool):
+            raise ValueError(f"a shared plan places {list(pool)} on one pool, got {plan.placement_str()}")
+        if any(resources.devices[d].kind != "cpu" for d in cores):
+            raise ValueError(f"a shared plan's pool must be CPU cores, got {plan.placement_str()}")
+        if plan.lanes > len(cores):
+            raise ValueError(f"Plan.lanes={plan.lanes} exceeds the pool's {len(cores)} cores")
     for name, devices in plan.placement.items():
         for d in devices:
             if not 0 <= d < len(resources.devices):

@@ -13,6 +13,9 @@ Kinds live in :data:`WORKFLOW_KINDS` (a registry of builder specs, no if/elif on
     chunk's ``rollout tT``, the trainer trains ``train_epochs`` epochs on all
     ``num_envs * rollout_steps`` samples (PPO needs the whole batch before its first epoch), in
     calls of ``train_microbatch`` samples. Then weights sync to the rollout workers.
+    In ``shared`` mode (:data:`WorkflowKind.pool`: env and rollout) the env tasks run on lane
+    ``"env"`` and chunk c's rollout tasks on lane ``"rollout {c % lanes}"``, each priced at one
+    thread, sharing the pool's cores (see :mod:`scheduler.simulate`).
     With ``train_overlap`` (steady state of one-step-stale training, ``algo.staleness=1``) the trainer
     trains on the *previous* iteration's samples, so its epochs wait for no message of this
     iteration: they start as soon as their devices are free, and the weight sync follows both.
@@ -33,7 +36,7 @@ from typing import Any
 
 from scheduler._json import check_keys
 from scheduler.graph import WORK, Dep, Task, call_sizes, chunk_sizes
-from scheduler.plans import Plan
+from scheduler.plans import SHARED, Plan
 from scheduler.profile import WEIGHT_SYNC, Profile
 
 
@@ -142,6 +145,10 @@ class WorkflowKind:
     """Actor micro-batch sizes worth trying, largest first."""
     build: Callable[[Workflow, Plan, Profile], list[Task]]
     """The work tasks (no context switches) of one iteration under a plan."""
+    pool: tuple[str, ...] = ()
+    """Components that float over one shared pool of CPU cores in ``shared`` mode, one worker
+    thread each, the first being the lane component (its chunks spread over ``Plan.lanes``
+    workers); empty: the kind has no shared mode."""
 
 
 def workflow_kind(kind: str) -> WorkflowKind:
@@ -211,17 +218,23 @@ def _embodied_build(w: Workflow, plan: Plan, profile: Profile) -> list[Task]:
     env, rollout, trainer = profile["env"], profile["rollout"], profile["trainer"]
     env_devices, rollout_devices, trainer_devices = (plan.placement[c] for c in ("env", "rollout", "trainer"))
     sizes = chunk_sizes(w.num_envs, plan.num_chunks)
-    env_s = [env.cost.time_s(s, len(env_devices)) for s in sizes]
-    rollout_s = [rollout.cost.time_s(s, len(rollout_devices)) for s in sizes]
+    shared = plan.mode == SHARED  # env and rollout workers float over their pool, one thread each
+    threads = {"env": 1 if shared else len(env_devices), "rollout": 1 if shared else len(rollout_devices)}
+    env_s = [env.cost.time_s(s, threads["env"]) for s in sizes]
+    rollout_s = [rollout.cost.time_s(s, threads["rollout"]) for s in sizes]
+    env_lane = "env" if shared else None
+    rollout_lane = [f"rollout {c % plan.lanes}" if shared else None for c in range(len(sizes))]
     steps = w.rollout_steps
     tasks: list[Task] = []
     for t in range(steps + 1):
         for c, size in enumerate(sizes):
             obs = () if t == 0 else (Dep(f"env t{t - 1} c{c}", size * env.output_mib_per_item),)
-            tasks.append(Task(f"rollout t{t} c{c}", "rollout", rollout_devices, rollout_s[c], obs, (0, WORK, t, c, 0), t, c))
+            tasks.append(Task(f"rollout t{t} c{c}", "rollout", rollout_devices, rollout_s[c], obs, (0, WORK, t, c, 0), t, c,
+                              lane=rollout_lane[c]))
             if t < steps:
                 actions = (Dep(f"rollout t{t} c{c}", size * rollout.output_mib_per_item),)
-                tasks.append(Task(f"env t{t} c{c}", "env", env_devices, env_s[c], actions, (0, WORK, t, c, 1), t, c))
+                tasks.append(Task(f"env t{t} c{c}", "env", env_devices, env_s[c], actions, (0, WORK, t, c, 1), t, c,
+                                  lane=env_lane))
 
     sample_mib = env.output_mib_per_item + rollout.output_mib_per_item
     trajectories = tuple(Dep(f"rollout t{steps} c{c}", size * steps * sample_mib) for c, size in enumerate(sizes))
@@ -296,6 +309,7 @@ WORKFLOW_KINDS: dict[str, WorkflowKind] = {
         memory_items=_embodied_memory_items,
         microbatch_candidates=_embodied_microbatches,
         build=_embodied_build,
+        pool=("rollout", "env"),
     ),
     "reasoning": WorkflowKind(
         components=("rollout", "reward", "trainer"),

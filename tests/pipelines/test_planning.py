@@ -9,7 +9,8 @@ import pytest
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster, ClusterConfig
 from pipelines.config import EmbodiedConfig
-from pipelines.planning import measured_factors, prefer_simple, profile_embodied, workflow_of
+from pipelines.embodied import EmbodiedWorkflow
+from pipelines.planning import measured_factors, prefer_simple, profile_embodied, runnable_modes, workflow_of
 from pipelines.replan import rescale
 from pipelines.workflow import Layout
 from scheduler import ComponentProfile, CostModel, Plan, PlanResult, Profile, Resources, Timeline
@@ -27,6 +28,39 @@ def _plan(mode: str, chunks: int, t: float, placement=None) -> Plan:
 def test_layout_maps_devices_to_cores():
     lay = Layout.of(_plan("hybrid", 3, 1.0), Resources.cpu_cores(2, 8.0))
     assert (lay.cores_of("env"), lay.cores_of("rollout"), lay.cores_of("trainer"), lay.num_chunks) == ((0,), (1,), (0, 1), 3)
+
+
+def test_a_shared_plan_runs_its_lanes_as_rollout_ranks_on_the_whole_pool():
+    pool = {"env": (0, 1), "rollout": (0, 1), "trainer": (0, 1)}
+    shared = Plan("shared", pool, 4, None, (), 1.0, lanes=2)
+    workflow = EmbodiedWorkflow(_cfg("workers.rollout=1"))
+    assert workflow.ranks_for(shared)["rollout"] == 2
+    assert workflow.ranks_for(_plan("hybrid", 2, 1.0))["rollout"] == 1
+    lay = Layout.of(shared, Resources.cpu_cores(2, 8.0), workflow.ranks_for(shared))
+    assert [r.cores for r in lay.ranks_of("rollout")] == [(0, 1), (0, 1)]  # both lanes float over both cores
+    assert [r.cores for r in lay.ranks_of("env")] == [(0, 1)]
+
+
+def test_shared_mode_is_offered_only_where_it_runs_as_modelled():
+    assert "shared" in runnable_modes(_cfg("env.backend=inprocess"))
+    assert "shared" not in runnable_modes(_cfg("env.backend=inprocess", "cluster.backend=local"))
+    assert "shared" not in runnable_modes(_cfg("env.backend=inprocess", "workers.env=2"))
+    assert runnable_modes(_cfg("env.backend=multiprocess")) == ("colocated", "disaggregated", "hybrid")
+
+
+def test_measured_factors_of_a_shared_plan_are_per_lane():
+    prof = Profile({
+        "env": ComponentProfile("env", CostModel(0.0, 0.01, 0.0)),
+        "rollout": ComponentProfile("rollout", CostModel(0.002, 0.0, 1.0)),  # 2 ms per call at one thread
+        "trainer": ComponentProfile("trainer", CostModel(0.0, 0.001, 1.0)),
+    })
+    cfg = _cfg("algo.epochs=1", "algo.num_minibatches=1")
+    pool = {"env": (0, 1), "rollout": (0, 1), "trainer": (0, 1)}
+    lay = Layout.of(Plan("shared", pool, 2, None, (), 1.0, lanes=2), Resources.cpu_cores(2, 8.0), {"rollout": 2})
+    # 34 rollout calls of 2 ms over 2 lanes: 0.034 s per lane (time/infer_s is the mean over the ranks);
+    # env: 32 calls of 4 envs on one thread = 1.28 s; trainer: one call of 128 samples on 2 cores = 0.064 s.
+    factors = measured_factors(prof, lay, cfg, {"time/sim_s": 1.28, "time/infer_s": 0.068, "time/train_s": 0.064})
+    assert factors == pytest.approx({"env": 1.0, "rollout": 2.0, "trainer": 1.0})
 
 
 def test_prefer_simple_takes_fewest_chunks_within_the_margin():

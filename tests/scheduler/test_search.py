@@ -42,6 +42,10 @@ def _modes_of(placement, spec, full):
             and _pairwise_disjoint([placement[others[0]], *(placement[c] for c in shared)])),
         "hybrid": all(_is_full_class(placement[c], full[c]) for c in shared)
         and _pairwise_disjoint([placement[c] for c in others]),
+        # the pool components together on all (>= 2) cores of a CPU class, the rest on full classes
+        "shared": bool(spec.pool) and len({placement[c] for c in spec.pool}) == 1
+        and len(placement[spec.pool[0]]) > 1 and all(_is_full_class(placement[c], full[c]) for c in spec.components)
+        and all(k.kind == "cpu" for k in full[spec.pool[0]] if k.indices == placement[spec.pool[0]]),
     }
     return [m for m in MODES if checks[m]]
 
@@ -64,13 +68,17 @@ def brute_force_best_s(workflow, prof, resources, max_chunks):
         if not modes:
             continue
         for k in range(1, min(spec.chunk_total(workflow), max_chunks) + 1):
-            for size in range(len(spec.components) + 1):
-                for offload in combinations(spec.components, size):
-                    for microbatch in spec.microbatch_candidates(workflow):
-                        candidate = Plan(modes[0], placement, k, microbatch, offload, math.nan)
-                        if memory_violations(candidate, prof, workflow, resources):
-                            continue
-                        best = min(best, predict(candidate, prof, workflow, resources)[0])
+            shapes = [(modes[0], 1)] if modes[0] != "shared" else []
+            if "shared" in modes:  # any number of lanes up to the pool's cores and the chunks
+                shapes += [("shared", n) for n in range(2, min(k, len(placement[spec.pool[0]])) + 1)]
+            for mode, lanes in shapes:
+                for size in range(len(spec.components) + 1):
+                    for offload in combinations(spec.components, size):
+                        for microbatch in spec.microbatch_candidates(workflow):
+                            candidate = Plan(mode, placement, k, microbatch, offload, math.nan, lanes)
+                            if memory_violations(candidate, prof, workflow, resources):
+                                continue
+                            best = min(best, predict(candidate, prof, workflow, resources)[0])
     return best
 
 

@@ -20,6 +20,14 @@ def test_plan_round_trip(seed):
     assert Plan.from_dict(_through_json(best.to_dict())) == best
 
 
+def test_shared_plan_round_trips_with_its_lanes_and_older_plans_read_as_one_lane():
+    pool = {"env": (0, 1), "rollout": (0, 1), "trainer": (0, 1)}
+    shared = Plan("shared", pool, 4, 64, (), 5.25, lanes=2)
+    assert Plan.from_dict(_through_json(shared.to_dict())) == shared
+    older = {k: v for k, v in Plan("hybrid", pool, 2, None, (), 5.7).to_dict().items() if k != "lanes"}
+    assert Plan.from_dict(older).lanes == 1
+
+
 def test_plan_without_prediction_round_trips_as_null():
     baseline = sequential_plan(Workflow.reasoning(num_prompts=4, group_size=2), Resources.gpus(1, 80.0))
     data = _through_json(baseline.to_dict())

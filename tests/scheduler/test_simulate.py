@@ -6,7 +6,9 @@ import random
 import pytest
 
 from scheduler import Plan, Resources, Workflow, chunk_sizes, simulate, task_graph
+from scheduler.graph import WORK, Dep, Task
 from scheduler.memory import switchable_components
+from scheduler.simulate import schedule
 from tests.scheduler.profiles import component, profile, random_instance
 
 NAN = math.nan
@@ -304,3 +306,85 @@ def test_train_overlap_is_embodied_only():
     with pytest.raises(ValueError, match="does not use train_overlap"):
         Workflow("reasoning", num_prompts=2, group_size=2, train_overlap=True)
     assert Workflow.from_dict(Workflow.embodied(2, 2, train_overlap=True).to_dict()).train_overlap
+
+
+# ------------------------------------------------------------------- shared pool (processor sharing)
+
+
+def _lane_task(name, duration_s, lane, deps=(), order=0, component="rollout"):
+    return Task(name, component, (0, 1), duration_s, tuple(Dep(d) for d in deps), (0, WORK, order, 0, 0), lane=lane)
+
+
+def test_lanes_share_the_pool_by_processor_sharing():
+    # Three one-thread tasks on a pool of 2 cores run at 2/3 speed: C (0.5 s of work) ends at 0.75;
+    # then A and B (0.5 s left each) run alone at full speed and end at 1.25 (2.5 core-s in 1.25 s on 2 cores).
+    tasks = [_lane_task("A", 1.0, "a"), _lane_task("B", 1.0, "b"), _lane_task("C", 0.5, "c")]
+    times = schedule(tasks, profile(component("rollout")))
+    assert times["C"] == pytest.approx((0.0, 0.75))
+    assert times["A"] == pytest.approx((0.0, 1.25)) and times["B"] == pytest.approx((0.0, 1.25))
+    # Two threads on two cores: no slowdown; a lane runs its tasks one after the other.
+    times = schedule([_lane_task("A", 1.0, "a"), _lane_task("B", 1.0, "b"), _lane_task("A2", 0.5, "a", order=1)],
+                     profile(component("rollout")))
+    assert times["A"] == (0.0, 1.0) and times["B"] == (0.0, 1.0) and times["A2"] == (1.0, 1.5)
+
+
+def test_lane_tasks_of_no_duration_release_their_successors():
+    # Z takes no time; B (on a lane scanned before Z's) waits on it and on nothing else: starts at 0.
+    tasks = [_lane_task("B0", 0.0, "b"), _lane_task("Z", 0.0, "a", order=1), _lane_task("B", 1.0, "b", deps=("Z",), order=2)]
+    assert schedule(tasks, profile(component("rollout")))["B"] == (0.0, 1.0)
+
+
+def test_lane_messages_cost_between_lanes_only():
+    # 0.1 s per message: across lanes it is paid, within a lane it is free.
+    tasks = [_lane_task("A", 1.0, "a"), _lane_task("B", 1.0, "b", deps=("A",), order=1),
+             _lane_task("A2", 1.0, "a", deps=("A",), order=1)]
+    times = schedule(tasks, profile(component("rollout"), latency_s=0.1))
+    assert times["B"] == pytest.approx((1.1, 2.1))
+    assert times["A2"] == pytest.approx((1.0, 2.0))
+
+
+SHARED_POOL = {"env": (0, 1), "rollout": (0, 1), "trainer": (0, 1)}
+
+
+def test_shared_two_lanes_by_hand():
+    # 2 envs, 1 step, 2 chunks of 1 env; rollout 0.5 s per env, env 0.25 s per env, trainer 0.5 s.
+    # Shared, 2 lanes (chunk c on lane c), env and lanes one thread each on 2 cores (never more than
+    # 2 threads run: the env's chunk waits on its own lane):
+    #   lane 0: rollout t0 c0 [0, .5]           rollout t1 c0 [.75, 1.25]
+    #   lane 1: rollout t0 c1 [0, .5]                 rollout t1 c1 [1.0, 1.5]
+    #   env:                env t0 c0 [.5, .75] env t0 c1 [.75, 1.0]
+    #   trainer on both cores [1.5, 2.0]
+    # Hybrid (env:0 rollout:1) must run the four rollout calls one after the other: 2.0 s, then 2.5.
+    prof = profile(component("env", per_item_s=0.25), component("rollout", per_item_s=0.5), component("trainer", fixed_s=0.5))
+    workflow, resources = Workflow.embodied(num_envs=2, rollout_steps=1), Resources.cpu_cores(2, 8.0)
+    plan = Plan("shared", SHARED_POOL, 2, None, (), NAN, lanes=2)
+    timeline = simulate(plan, prof, workflow, resources)
+    times = _times(timeline)
+    assert times["rollout t0 c1"] == (0.0, 0.5)
+    assert times["env t0 c0"] == (0.5, 0.75) and times["env t0 c1"] == (0.75, 1.0)
+    assert times["rollout t1 c0"] == (0.75, 1.25) and times["rollout t1 c1"] == (1.0, 1.5)
+    assert times["trainer epoch 0"] == (1.5, 2.0)
+    assert timeline.makespan_s == 2.0
+    # 2 core-s of rollout + 0.5 of env + 2 x 0.5 of trainer over 2 cores x 2 s
+    assert timeline.utilization == pytest.approx({0: 3.5 / 4, 1: 3.5 / 4})
+    assert {s.device for s in timeline.spans if s.component == "rollout"} == {0, 1}
+    hybrid = _plan("hybrid", {"env": (0,), "rollout": (1,), "trainer": (0, 1)}, 2)
+    assert simulate(hybrid, prof, workflow, resources).makespan_s == 2.5
+
+
+def test_shared_plans_are_validated():
+    workflow, prof = Workflow.embodied(num_envs=2, rollout_steps=1), _env_rollout_profile()
+    with pytest.raises(ValueError, match="lanes"):
+        Plan("shared", SHARED_POOL, 2, None, (), NAN, lanes=1)
+    with pytest.raises(ValueError, match="lanes"):
+        Plan("hybrid", SHARED_POOL, 2, None, (), NAN, lanes=2)
+    with pytest.raises(ValueError, match="one pool"):
+        simulate(Plan("shared", {"env": (0,), "rollout": (0, 1), "trainer": (0, 1)}, 2, None, (), NAN, lanes=2),
+                 prof, workflow, Resources.cpu_cores(2, 8.0))
+    with pytest.raises(ValueError, match="CPU cores"):
+        simulate(Plan("shared", SHARED_POOL, 2, None, (), NAN, lanes=2), prof, workflow, Resources.gpus(2, 8.0))
+    reasoning = Workflow.reasoning(num_prompts=2, group_size=1)
+    with pytest.raises(ValueError, match="no shared mode"):
+        simulate(Plan("shared", {"rollout": (0, 1), "reward": (0, 1), "trainer": (0, 1)}, 2, None, (), NAN, lanes=2),
+                 profile(component("rollout"), component("reward"), component("trainer")), reasoning,
+                 Resources.cpu_cores(2, 8.0))
