@@ -151,11 +151,12 @@ def _setup_key(cfg: ReasoningConfig, backend: str) -> dict[str, Any]:
 
 
 def _sample_sizes(cfg: ReasoningConfig) -> list[int]:
-    """Responses per rollout call for every chunk count the planner may choose (at least two
-    sizes, so that fixed and per-sample costs separate)."""
+    """Responses per rollout call for every chunk count the planner may choose, the whole batch
+    (whole minibatches for the trainer) and half of it (at least two sizes, so that fixed and
+    per-sample costs separate)."""
     total = cfg.samples_per_iteration
     sizes = {max(chunk_sizes(cfg.data.train_batch_size, k)) * cfg.algo.group_size for k in chunk_choices(cfg)}
-    sizes.add(max(cfg.algo.group_size, total // 2))
+    sizes.update((total, max(cfg.algo.group_size, total // 2)))
     return sorted(sizes)
 
 
@@ -236,7 +237,8 @@ def probe_workers(cfg: ReasoningConfig, prompts: list[PromptRecord], cluster: Cl
     of :func:`_sample_sizes`, rounds of an iteration's phases one after the other: the weight sync
     (the trainer's export, then the rollout's load, as the driver calls them), ``generate`` of one
     chunk of that many responses, ``score`` of it, ``train`` on it (at sizes of whole minibatches).
-    Each sample is the median of ``PROBE_REPEATS`` rounds after an untimed one. One more round
+    Each sample is the median of ``PROBE_REPEATS`` rounds after an untimed one; the thread counts
+    take turns round by round (load from other processes falls on both alike). One more round
     with the trainer offloading between phases times its context switch.
 
     Timing the model in the driver missed what the workers pay in a run (docs/reasoning.md)."""
@@ -272,19 +274,28 @@ def probe_workers(cfg: ReasoningConfig, prompts: list[PromptRecord], cluster: Cl
             out.update({k: v for k, v in stats.items() if k.startswith("offload/")})
         return out
 
+    def configure(threads: int) -> None:
+        placed = pin(threads)
+        wait_all(rollout.call("configure", placed["rollout"]), reward.call("configure", placed["reward"]),
+                 trainer.call("configure", placed["trainer"], False))
+
     try:
-        for threads in sorted(layouts):
-            placed = pin(threads)
-            wait_all(rollout.call("configure", placed["rollout"]), reward.call("configure", placed["reward"]),
-                     trainer.call("configure", placed["trainer"], False))
-            for size in _sample_sizes(cfg):
-                one_round(size)  # warm-up
-                timed = [one_round(size) for _ in range(PROBE_REPEATS)]
+        for size in _sample_sizes(cfg):
+            # the thread counts take turns round by round, so that load from other processes on a
+            # shared machine falls on both alike (their comparison decides the workers' threads)
+            timed: dict[int, list[dict[str, float]]] = {threads: [] for threads in layouts}
+            for repeat in range(PROBE_REPEATS + 1):
+                for threads in sorted(layouts):
+                    configure(threads)
+                    measured = one_round(size)
+                    if repeat:  # the first round of each is a warm-up
+                        timed[threads].append(measured)
+            for threads, rounds_ in timed.items():
                 for name, probe in probes.items():
-                    if name in timed[0]:
-                        probe.add(size, 1 if name == "reward" else threads, statistics.median(t[name] for t in timed))
-                sync.extend(t["sync"] for t in timed)
-                train = f", train {probes['trainer'].samples[-1][2] * 1e3:7.1f} ms" if "trainer" in timed[0] else ""
+                    if name in rounds_[0]:
+                        probe.add(size, 1 if name == "reward" else threads, statistics.median(t[name] for t in rounds_))
+                sync.extend(t["sync"] for t in rounds_)
+                train = f", train {probes['trainer'].samples[-1][2] * 1e3:7.1f} ms" if "trainer" in rounds_[0] else ""
                 log(f"  {size:>5} responses, {threads} thread(s): generate {probes['rollout'].samples[-1][2] * 1e3:7.1f} ms, "
                     f"score {probes['reward'].samples[-1][2] * 1e3:6.2f} ms{train}")
         trainer.call("configure", pin(1)["trainer"], True).wait()  # its context switch, as a plan offloads it
