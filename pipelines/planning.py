@@ -566,25 +566,34 @@ def profile_embodied(cfg: EmbodiedConfig, cluster: Cluster, force: bool = False,
     sync_s = probe_weight_sync(trainer_policy, policy.to(resolve_device(cfg.workers.rollout_device)))
     log(f"  weight sync: {weights_mib:.2f} MiB exported and loaded in {sync_s * 1e3:.2f} ms")
     action_mib = float(np.prod(action_space.shape or (1,))) * 4 * cfg.policy.action_chunk / MIB
+    components = {
+        "env": ComponentProfile("env", env_probe.fit(), memory_gib=0.0, output_mib_per_item=obs_mib),
+        "rollout": ComponentProfile(
+            "rollout", fit_threads(rollout_probe), memory_gib=weights_mib / 1024,
+            output_mib_per_item=action_mib, weights_mib=weights_mib,
+        ),
+        "trainer": ComponentProfile(
+            "trainer", fit_threads(trainer_probe, cfg.workers.trainer), memory_gib=4 * weights_mib / 1024, offload_s=offload_s, onload_s=onload_s,
+        ),
+        WEIGHT_SYNC: ComponentProfile(WEIGHT_SYNC, CostModel(fixed_s=sync_s, per_item_s=0.0, scaling_exponent=0.0)),
+    }
+    return store_profile(key, components, (latency_s, s_per_mib), cluster, (env_probe, rollout_probe, trainer_probe), t0, log)
+
+
+def store_profile(key: str, components: dict[str, ComponentProfile], message: tuple[float, float], cluster: Cluster,
+                  probes: tuple[Probe, ...], t0: float, log: Callable[[str], None]) -> Profile:
+    """The :class:`Profile` of a workflow's probed ``components`` and the cost of a ``message``
+    ``(latency_s, s_per_mib)``, with its provenance in ``meta`` (cache key, hardware, the probes'
+    samples, profiling seconds since ``t0``, date), stored in the profile cache under ``key``."""
     profile = Profile(
-        components={
-            "env": ComponentProfile("env", env_probe.fit(), memory_gib=0.0, output_mib_per_item=obs_mib),
-            "rollout": ComponentProfile(
-                "rollout", fit_threads(rollout_probe), memory_gib=weights_mib / 1024,
-                output_mib_per_item=action_mib, weights_mib=weights_mib,
-            ),
-            "trainer": ComponentProfile(
-                "trainer", fit_threads(trainer_probe, cfg.workers.trainer), memory_gib=4 * weights_mib / 1024, offload_s=offload_s, onload_s=onload_s,
-            ),
-            WEIGHT_SYNC: ComponentProfile(WEIGHT_SYNC, CostModel(fixed_s=sync_s, per_item_s=0.0, scaling_exponent=0.0)),
-        },
-        transfer_latency_s=latency_s,
-        transfer_s_per_mib=s_per_mib,
+        components=components,
+        transfer_latency_s=message[0],
+        transfer_s_per_mib=message[1],
         cross_process_messages=cluster.backend == "ray",
         meta={
             "key": key,
             "hardware": hardware_fingerprint(),
-            "probes": {p.name: [list(s) for s in p.samples] for p in (env_probe, rollout_probe, trainer_probe)},
+            "probes": {p.name: [list(s) for s in p.samples] for p in probes},
             "profiling_s": time.perf_counter() - t0,
             "probed_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         },

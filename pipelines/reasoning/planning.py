@@ -10,43 +10,45 @@ matches it when every chunk holds whole minibatches, so the chunk counts tried a
 ``algo.num_minibatches`` (up to ``plan.max_chunks``). Only the trainer offloads (the rollout
 backend keeps its weights resident).
 
-Probes, each at the sizes the plans use (k | num_minibatches chunks of n = B x G / k samples),
-on one core and on all of them:
+Probes (:func:`probe_workers`) time the workers a run builds, on their own calls, pinned as the
+plans pin them: one thread each with generation on core 0 and the trainer on the last core (a
+disaggregated plan), and a thread per core with all three on every core (a colocated plan, the idle
+workers' processes next to the busy one); at the sizes the plans use (k | num_minibatches chunks
+of n = B x G / k samples):
 
-* rollout: the rollout backend's ``generate`` of n responses to real training prompts;
-* reward: the verifiers on those responses (one process: no scaling over cores);
-* trainer: the algorithm's update, one call per minibatch as the trainer streams them, on chunks
-  of one and two minibatches of scored responses (cost per sample);
-* weight sync: loading the trainer's payload into the backend; the message cost between two
-  worker processes; one offload/onload of the trainer.
+* rollout: the worker's ``generate`` of one chunk of n responses to real training prompts;
+* reward: the worker's ``score`` of it (one process: no scaling over cores);
+* trainer: the worker's ``train`` on it, one update per minibatch (chunks of whole minibatches);
+* weight sync: the trainer's export and the rollout's load as the driver calls them (the message of
+  the weights priced apart); the message cost between two worker processes; one offload/onload of
+  the trainer through its own context switch.
+
+Rollout and trainer are priced as their workers run them (:func:`pipelines.planning.fit_threads`:
+one thread where more do not pay off).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
-from embodied.algorithms import build_algorithm, build_optimizer
 from embodied.config import to_dict
-from embodied.offload import Offloader
-from embodied.profiler import Probe, cache_key, hardware_fingerprint, load_cached, store_cached, time_call
-from embodied.rl import TrajectoryBatch
-from embodied.runtime import Cluster
-from embodied.runtime.weights import WeightSyncer
+from embodied.profiler import Probe, cache_key, load_cached
+from embodied.runtime import Channel, Cluster, wait_all
 from embodied.seeding import RngStream
-from pipelines.planning import prefer_simple, probe_transfer
+from pipelines.planning import fit_threads, prefer_simple, probe_transfer, store_profile
 from pipelines.reasoning.config import ReasoningConfig
 from pipelines.reasoning.data import PromptRecord
 from pipelines.reasoning.prompts import PromptReader, chunk_prompts
 from pipelines.reasoning.rollout import ROLLOUT_BACKENDS
-from pipelines.reasoning.samples import GeneratedChunk, score_chunk
-from pipelines.reasoning.verifiers import RewardFunction
+from pipelines.reasoning.samples import GeneratedChunk
+from pipelines.reasoning.workers import start_groups
+from pipelines.workers import Pinning
 from pipelines.workflow import Layout, cpu_resources
-from policies.registry import build_policy
 from scheduler import (
     WEIGHT_SYNC,
     ComponentProfile,
@@ -143,21 +145,19 @@ def _setup_key(cfg: ReasoningConfig, backend: str) -> dict[str, Any]:
         "data": [list(cfg.data.train_files), cfg.data.prompt_key],
         "rollout_backend": cfg.workers.rollout_backend,
         "backend": backend,
-        "version": 1,
+        # 2: the workers' own calls, pinned as the plans pin them; the weight sync as the driver calls it
+        "version": 2,
     }
 
 
 def _sample_sizes(cfg: ReasoningConfig) -> list[int]:
-    """Responses per rollout call for every chunk count the planner may choose (at least two
-    sizes, so that fixed and per-sample costs separate)."""
+    """Responses per rollout call for every chunk count the planner may choose, the whole batch
+    (whole minibatches for the trainer) and half of it (at least two sizes, so that fixed and
+    per-sample costs separate)."""
     total = cfg.samples_per_iteration
     sizes = {max(chunk_sizes(cfg.data.train_batch_size, k)) * cfg.algo.group_size for k in chunk_choices(cfg)}
-    sizes.add(max(cfg.algo.group_size, total // 2))
+    sizes.update((total, max(cfg.algo.group_size, total // 2)))
     return sorted(sizes)
-
-
-def _threads(cores: int) -> list[int]:
-    return sorted({1, cores})
 
 
 def profile_reasoning(cfg: ReasoningConfig, prompts: list[PromptRecord], cluster: Cluster, force: bool = False,
@@ -172,127 +172,156 @@ def profile_reasoning(cfg: ReasoningConfig, prompts: list[PromptRecord], cluster
         if cached is not None:
             log(f"[m2flow] profile from cache ({key})")
             return Profile.from_dict(cached)
-    log(f"[m2flow] profiling rollout, reward and trainer on {cores} cores ...")
-    t_start = time.perf_counter()
-    before = torch.get_num_threads()
-    try:
-        backend = ROLLOUT_BACKENDS.get(cfg.workers.rollout_backend)(cfg, torch.device("cpu"))
-        reader = PromptReader(prompts, cfg.data.train_batch_size, cfg.seed)
-        draws = reader.draws(0)
-        G = cfg.algo.group_size
-        rollout_probe = Probe("rollout")
-        largest = None
-        for size in _sample_sizes(cfg):
-            chunk = chunk_prompts(draws[: size // G], 1)[0]
-            for threads in _threads(cores):
-                torch.set_num_threads(threads)
-                rng = RngStream(cfg.seed)
-
-                def generate() -> Any:
-                    with rng:
-                        return backend.generate([d.record.prompt for d in chunk.draws], samples=G)
-
-                seconds = time_call(generate, warmup=1, repeats=3)
-                rollout_probe.add(size, threads, seconds)
-                log(f"  rollout {size:>5} responses on {threads} core(s): {seconds * 1e3:8.1f} ms/call")
-            with RngStream(cfg.seed):
-                largest = GeneratedChunk.of(chunk, backend.generate([d.record.prompt for d in chunk.draws], samples=G),
-                                            G, cfg.data.max_prompt_length, backend.pad_token_id, 0, 0.0)
-        assert largest is not None
-        reward_probe, scored = _probe_reward(cfg, largest, log)
-        trainer_probe, offload_s, onload_s, payload = _probe_trainer(cfg, scored, cores, log)
-        load_s = time_call(lambda: backend.load_weights(payload), warmup=1, repeats=3)
-        log(f"  weight sync: {payload.nbytes / MIB:.2f} MiB loaded in {load_s * 1e3:.1f} ms")
-    finally:
-        torch.set_num_threads(before)
-    sample_mib = _sample_mib(largest)
-    latency_s, s_per_mib = probe_transfer(cluster, sample_mib * len(largest), log)
-    weights_mib = payload.nbytes / MIB
+    log(f"[m2flow] profiling rollout, reward and trainer on {cores} cores (their workers' own calls) ...")
+    t0 = time.perf_counter()
+    # in the driver: the rollout backend's memory and the size of a response in its message
+    backend = ROLLOUT_BACKENDS.get(cfg.workers.rollout_backend)(cfg, torch.device("cpu"))
+    G = cfg.algo.group_size
+    chunk = chunk_prompts(PromptReader(prompts, cfg.data.train_batch_size, cfg.seed).draws(0)[:1], 1)[0]
+    with RngStream(cfg.seed):
+        sample = GeneratedChunk.of(chunk, backend.generate([d.record.prompt for d in chunk.draws], samples=G), G,
+                                   cfg.data.max_prompt_length, backend.pad_token_id, 0, 0.0)
+    sample_mib = _sample_mib(sample)
+    measured = probe_workers(cfg, prompts, cluster, cores, log)
+    latency_s, s_per_mib = probe_transfer(cluster, sample_mib * max(_sample_sizes(cfg)), log)
+    weights_mib = measured.weights_mib
+    # the driver's two calls of a weight sync, less the message the planner prices apart
+    sync_s = max(0.0, measured.sync_s - latency_s - weights_mib * s_per_mib)
     kv_gib = backend.kv_cache_gib(cfg.data.max_prompt_length + cfg.max_new_tokens)
-    profile = Profile(
-        components={
-            "rollout": ComponentProfile("rollout", rollout_probe.fit(), memory_gib=backend.weights_mib() / 1024,
-                                        memory_per_item_gib=kv_gib, output_mib_per_item=sample_mib,
-                                        weights_mib=weights_mib),
-            "reward": ComponentProfile("reward", reward_probe.fit(), output_mib_per_item=8 / MIB),
-            "trainer": ComponentProfile("trainer", trainer_probe.fit(), memory_gib=4 * weights_mib / 1024,
-                                        offload_s=offload_s, onload_s=onload_s),
-            WEIGHT_SYNC: ComponentProfile(WEIGHT_SYNC, _constant_cost(load_s)),
-        },
-        transfer_latency_s=latency_s,
-        transfer_s_per_mib=s_per_mib,
-        cross_process_messages=cluster.backend == "ray",
-        meta={
-            "key": key,
-            "hardware": hardware_fingerprint(),
-            "probes": {p.name: [list(s) for s in p.samples] for p in (rollout_probe, reward_probe, trainer_probe)},
-            "profiling_s": time.perf_counter() - t_start,
-        },
-    )
-    path = store_cached(key, profile.to_dict())
-    log(f"[m2flow] profiled in {time.perf_counter() - t_start:.1f}s -> {path}")
-    return profile
+    components = {
+        "rollout": ComponentProfile("rollout", fit_threads(measured.rollout), memory_gib=backend.weights_mib() / 1024,
+                                    memory_per_item_gib=kv_gib, output_mib_per_item=sample_mib, weights_mib=weights_mib),
+        "reward": ComponentProfile("reward", measured.reward.fit(), output_mib_per_item=8 / MIB),
+        "trainer": ComponentProfile("trainer", fit_threads(measured.trainer), memory_gib=4 * weights_mib / 1024,
+                                    offload_s=measured.offload_s, onload_s=measured.onload_s),
+        WEIGHT_SYNC: ComponentProfile(WEIGHT_SYNC, _constant_cost(sync_s)),
+    }
+    return store_profile(key, components, (latency_s, s_per_mib), cluster,
+                         (measured.rollout, measured.reward, measured.trainer), t0, log)
 
 
-def _probe_reward(cfg: ReasoningConfig, chunk: GeneratedChunk, log: Callable[[str], None]) -> tuple[Probe, Any]:
-    """Verifier seconds per call at the probe's sizes (one process: scaling exponent 0); returns the
-    scored chunk too (the trainer probe trains on it)."""
-    probe = Probe("reward", scaling_exponent=0.0)
-    reward = RewardFunction(cfg.reward)
+#: Timed rounds per probed size and thread count, after one untimed round.
+PROBE_REPEATS = 3
+
+
+def probe_layouts(cores: int) -> dict[int, dict[str, tuple[int, ...]]]:
+    """Torch threads -> the cores each worker is pinned to while probed at that many threads, as
+    the plans run them: one thread each as a disaggregated plan does (generation on core 0, the
+    trainer on the last core), and a thread per core with all three workers pinned to every core as
+    a colocated plan does (the idle workers holding their threads next to the busy one)."""
+    layouts = {1: {"rollout": (0,), "reward": (0,), "trainer": (cores - 1,)}}
+    if cores > 1:
+        layouts[cores] = {c: tuple(range(cores)) for c in ("rollout", "reward", "trainer")}
+    return layouts
+
+
+@dataclasses.dataclass
+class WorkerProbes:
+    """What :func:`probe_workers` measured: samples ``(responses, threads, seconds per call)`` of the
+    rollout's ``generate``, the reward's ``score`` and the trainer's ``train``; the seconds of a
+    weight sync as the driver pays it, one offload and onload of the trainer, the weights' MiB."""
+
+    rollout: Probe
+    reward: Probe
+    trainer: Probe
+    sync_s: float
+    offload_s: float
+    onload_s: float
+    weights_mib: float
+
+
+def probe_workers(cfg: ReasoningConfig, prompts: list[PromptRecord], cluster: Cluster, cores: int,
+                  log: Callable[[str], None] = print) -> WorkerProbes:
+    """Time the workers a run builds (:func:`~pipelines.reasoning.workers.start_groups`) on their
+    own calls, pinned as the plans pin them: per thread count of :func:`probe_layouts` and per size
+    of :func:`_sample_sizes`, rounds of an iteration's phases one after the other: the weight sync
+    (the trainer's export, then the rollout's load, as the driver calls them), ``generate`` of one
+    chunk of that many responses, ``score`` of it, ``train`` on it (at sizes of whole minibatches).
+    Each sample is the median of ``PROBE_REPEATS`` rounds after an untimed one; the thread counts
+    take turns round by round (load from other processes falls on both alike). One more round
+    with the trainer offloading between phases times its context switch.
+
+    Timing the model in the driver missed what the workers pay in a run (docs/reasoning.md)."""
+    G = cfg.algo.group_size
+    mb = cfg.data.train_batch_size // cfg.algo.num_minibatches * G
+    draws = PromptReader(prompts, cfg.data.train_batch_size, cfg.seed).draws(0)
+    layouts = probe_layouts(cores)
+
+    def pin(threads: int) -> dict[str, Pinning]:
+        return {c: Pinning(placed, 1 if c == "reward" else threads) for c, placed in layouts[threads].items()}
+
+    rollout, reward, trainer = start_groups(cluster, cfg, pin(1), False, prefix="profile-")
+    probes = {"rollout": Probe("rollout"), "reward": Probe("reward", scaling_exponent=0.0), "trainer": Probe("trainer")}
+    sync: list[float] = []
+    rounds = 0
+
+    def one_round(size: int) -> dict[str, float]:
+        nonlocal rounds
+        rounds += 1
+        t0 = time.perf_counter()
+        weights = trainer.call("export_weights")
+        rollout.call("load_weights", weights.handle(0)).wait()
+        out = {"sync": time.perf_counter() - t0}
+        generated = Channel(f"profile-generated-{rounds}", reward, phase=True, source="rollout")
+        scored = Channel(f"profile-scored-{rounds}", trainer, phase=True, source="reward")
+        gen_f = rollout.call("generate", chunk_prompts(draws[: size // G], 1), generated).as_phase()
+        score_f = reward.call("score", 1, generated, scored).as_phase()
+        out["rollout"] = sum(r["generate_s"] for r in gen_f.wait())
+        out["reward"] = sum(r["reward_s"] for r in score_f.wait())
+        if size % mb == 0:  # the trainer takes whole minibatches
+            stats = trainer.call("train", scored, 1, cfg.algo.lr).as_phase().result()
+            out["trainer"] = stats["time/train_s"]
+            out.update({k: v for k, v in stats.items() if k.startswith("offload/")})
+        return out
+
+    def configure(threads: int) -> None:
+        placed = pin(threads)
+        wait_all(rollout.call("configure", placed["rollout"]), reward.call("configure", placed["reward"]),
+                 trainer.call("configure", placed["trainer"], False))
+
     try:
-        scored = score_chunk(chunk, reward)
         for size in _sample_sizes(cfg):
-            part = _take(chunk, size)
-            seconds = time_call(lambda: score_chunk(part, reward), warmup=1, repeats=3)
-            probe.add(size, 1, seconds)
-            log(f"  reward  {size:>5} responses:             {seconds * 1e3:8.2f} ms/call")
+            # the thread counts take turns round by round, so that load from other processes on a
+            # shared machine falls on both alike (their comparison decides the workers' threads)
+            timed: dict[int, list[dict[str, float]]] = {threads: [] for threads in layouts}
+            for repeat in range(PROBE_REPEATS + 1):
+                for threads in sorted(layouts):
+                    configure(threads)
+                    measured = one_round(size)
+                    if repeat:  # the first round of each is a warm-up
+                        timed[threads].append(measured)
+            for threads, rounds_ in timed.items():
+                for name, probe in probes.items():
+                    if name in rounds_[0]:
+                        probe.add(size, 1 if name == "reward" else threads, statistics.median(t[name] for t in rounds_))
+                sync.extend(t["sync"] for t in rounds_)
+                train = f", train {probes['trainer'].samples[-1][2] * 1e3:7.1f} ms" if "trainer" in rounds_[0] else ""
+                log(f"  {size:>5} responses, {threads} thread(s): generate {probes['rollout'].samples[-1][2] * 1e3:7.1f} ms, "
+                    f"score {probes['reward'].samples[-1][2] * 1e3:6.2f} ms{train}")
+        trainer.call("configure", pin(1)["trainer"], True).wait()  # its context switch, as a plan offloads it
+        switch = one_round(max(s for s in _sample_sizes(cfg) if s % mb == 0))
+        payload = trainer.call("export_weights").result()
     finally:
-        reward.close()
-    return probe, scored
+        for group in (rollout, reward):
+            group.call("close").wait(timeout_s=30)
+        for group in (rollout, reward, trainer):
+            group.shutdown()
+    per_minibatch(probes["trainer"], mb)
+    sync_s = statistics.median(sync)
+    log(f"  weight sync: {payload.nbytes / MIB:.2f} MiB exported and loaded in {sync_s * 1e3:.1f} ms (the driver's calls)")
+    return WorkerProbes(probes["rollout"], probes["reward"], probes["trainer"], sync_s,
+                        switch.get("offload/offload_s", 0.0), switch.get("offload/onload_s", 0.0), payload.nbytes / MIB)
 
 
-def _take(chunk: GeneratedChunk, size: int) -> GeneratedChunk:
-    """The first ``size`` responses of a chunk (whole groups when size is a multiple of G)."""
-    def cut(x: Any) -> Any:
-        return x[:size]
-
-    return dataclasses.replace(
-        chunk, uids=chunk.uids[: size // chunk.group_size], group_ids=cut(chunk.group_ids), ground_truths=cut(chunk.ground_truths), data_sources=cut(chunk.data_sources),
-        texts=cut(chunk.texts), prompt_ids=cut(chunk.prompt_ids), prompt_mask=cut(chunk.prompt_mask),
-        response_ids=cut(chunk.response_ids), logprobs=cut(chunk.logprobs), response_mask=cut(chunk.response_mask),
-        truncated=cut(chunk.truncated),
-    )
-
-
-def _probe_trainer(cfg: ReasoningConfig, scored: Any, cores: int, log: Callable[[str], None]) -> tuple[Probe, float, float, Any]:
-    """Seconds of the trainer's streamed updates (one ``update`` per minibatch) on chunks of one and
-    two minibatches, per sample; one offload/onload; the weight payload of the trainer's policy."""
-    probe = Probe("trainer")
-    policy = build_policy(cfg.policy, None, None)
-    optimizer = build_optimizer(policy.parameters(), cfg.algo)
-    algorithm = build_algorithm(dataclasses.replace(cfg.algo, epochs=1, num_minibatches=1, target_kl=None))
-    reference = policy if algorithm.needs_reference else None
-    minibatch = cfg.data.train_batch_size // cfg.algo.num_minibatches * cfg.algo.group_size
-    batch: TrajectoryBatch = scored.batch
-    while batch.num_envs < 2 * minibatch:  # enough responses for two minibatches (repeats keep whole groups)
-        batch = TrajectoryBatch.concat([batch, batch])
-    for count in (1, 2):
-        parts = [batch.select(np.arange(i * minibatch, (i + 1) * minibatch)) for i in range(count)]
-        for threads in _threads(cores):
-            torch.set_num_threads(threads)
-
-            def update() -> None:
-                for part in parts:
-                    algorithm.update(policy, optimizer, part, cfg.algo.lr, reference=reference)
-
-            seconds = time_call(update, warmup=1, repeats=3)
-            probe.add(count * minibatch, threads, seconds)
-            log(f"  trainer {count * minibatch:>5} responses on {threads} core(s): {seconds * 1e3:8.1f} ms "
-                f"({count} minibatch update(s))")
-    offloader = Offloader(policy, optimizer)
-    offload_s = offloader.offload().seconds
-    onload_s = offloader.onload().seconds
-    return probe, offload_s, onload_s, WeightSyncer().export(policy, 0)
+def per_minibatch(probe: Probe, minibatch: int) -> None:
+    """Give a trainer probe measured at one size a second one: the trainer's work is one update per
+    minibatch of a chunk, so ``m`` minibatches cost ``m`` times one (``algo.num_minibatches=1``
+    leaves the probe a single size of whole minibatches, and a fit needs two)."""
+    if len({size for size, _, _ in probe.samples}) != 1:
+        return
+    for size, threads, seconds in list(probe.samples):
+        m = size // minibatch
+        probe.add(size // m if m > 1 else 2 * size, threads, seconds / m if m > 1 else 2 * seconds)
 
 
 def _constant_cost(seconds: float) -> CostModel:

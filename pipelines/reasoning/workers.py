@@ -26,10 +26,11 @@ import torch
 
 from embodied.algorithms import build_algorithm
 from embodied.rl import TrajectoryBatch, should_stop_early
-from embodied.runtime import Channel, Worker
+from embodied.runtime import Channel, Cluster, RankResources, Worker, WorkerGroup
 from embodied.runtime.weights import WeightPayload
 from embodied.seeding import RngStream
 from pipelines.collect import resolve_device
+from pipelines.embodied import THREAD_ENV
 from pipelines.reasoning.config import ReasoningConfig
 from pipelines.reasoning.data import PromptRecord
 from pipelines.reasoning.prompts import PromptChunk
@@ -263,3 +264,20 @@ def merge_update_stats(updates: list[tuple[int, dict[str, float]]]) -> dict[str,
         out[key] = out[key] / weight if weight else float("nan")
     out["charts/lr"] = float(updates[-1][1].get("charts/lr", float("nan")))
     return out
+
+
+def start_groups(cluster: Cluster, cfg: ReasoningConfig, pin: dict[str, Pinning], offload_trainer: bool,
+                 prefix: str = "") -> tuple[WorkerGroup, WorkerGroup, WorkerGroup]:
+    """The rollout, reward and trainer groups of ``cfg`` (``workers.*`` ranks, devices and Ray CPU
+    reservations), each pinned as ``pin[component]`` says: what a run builds, and what the probes
+    of ``pipelines/reasoning/planning.py`` time (``prefix``: a name prefix for their groups)."""
+    w = cfg.workers
+    gpu = lambda device: 1.0 if device.startswith("cuda") else 0.0  # noqa: E731
+    env = lambda threads: {k: str(threads) for k in THREAD_ENV}  # noqa: E731
+    rollout = WorkerGroup(cluster, RolloutWorker, w.rollout, cfg, pin["rollout"], name=f"{prefix}rollout",
+                          resources=RankResources(w.rollout_cpus, gpu(w.rollout_device), env(w.rollout_threads)))
+    reward = WorkerGroup(cluster, RewardWorker, w.reward, cfg, pin["reward"], name=f"{prefix}reward",
+                         resources=RankResources(w.reward_cpus, 0.0, env(1)))
+    trainer = WorkerGroup(cluster, TrainerWorker, 1, cfg, pin["trainer"], offload_trainer, name=f"{prefix}trainer",
+                          resources=RankResources(w.trainer_cpus, gpu(w.trainer_device), env(w.trainer_threads)))
+    return rollout, reward, trainer

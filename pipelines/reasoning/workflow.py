@@ -26,15 +26,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from embodied.checkpoint import check_compatible
-from embodied.runtime import Channel, Cluster, RankResources, WorkerGroup, wait_all
+from embodied.runtime import Channel, Cluster, WorkerGroup, wait_all
 from embodied.runtime.weights import WeightSyncer
-from pipelines.embodied import THREAD_ENV
 from pipelines.planning import MIN_THREAD_SCALING
 from pipelines.reasoning.config import ReasoningConfig
 from pipelines.reasoning.planning import measured_factors, plan_reasoning, profile_reasoning, resources_of, workflow_of
 from pipelines.reasoning.preflight import PreparedData, prepare
 from pipelines.reasoning.prompts import PromptReader, chunk_prompts
-from pipelines.reasoning.workers import RewardWorker, RolloutWorker, TrainerWorker
+from pipelines.reasoning.workers import start_groups
 from pipelines.workers import Pinning
 from pipelines.workflow import WORKFLOWS, Layout, Workflow, WorkflowSpec
 from policies.registry import build_policy
@@ -128,19 +127,11 @@ class ReasoningWorkflow(Workflow):
 
     # --- running -----------------------------------------------------------------------------------
     def build(self, cluster: Cluster, layout: Layout, profile: Profile | None) -> None:
-        cfg, w = self.cfg, self.cfg.workers
+        cfg = self.cfg
         self.prepared()
         self.layout, self.profile_ = layout, profile
         pin = self._pinnings(layout, profile)
-        gpu = lambda device: 1.0 if device.startswith("cuda") else 0.0  # noqa: E731
-        env = lambda threads: {k: str(threads) for k in THREAD_ENV}  # noqa: E731
-        self.rollout = WorkerGroup(cluster, RolloutWorker, w.rollout, cfg, pin["rollout"], name="rollout",
-                                   resources=RankResources(w.rollout_cpus, gpu(w.rollout_device), env(w.rollout_threads)))
-        self.reward = WorkerGroup(cluster, RewardWorker, w.reward, cfg, pin["reward"], name="reward",
-                                  resources=RankResources(w.reward_cpus, 0.0, env(1)))
-        self.trainer = WorkerGroup(cluster, TrainerWorker, 1, cfg, pin["trainer"], self._trainer_offloads(layout),
-                                   name="trainer",
-                                   resources=RankResources(w.trainer_cpus, gpu(w.trainer_device), env(w.trainer_threads)))
+        self.rollout, self.reward, self.trainer = start_groups(cluster, cfg, pin, self._trainer_offloads(layout))
         self.groups = [self.rollout, self.reward, self.trainer]
         self._connect(layout)
 

@@ -9,7 +9,16 @@ import pytest
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster, ClusterConfig
 from pipelines.reasoning.config import ReasoningConfig
-from pipelines.reasoning.planning import chunk_choices, measured_factors, plan_reasoning, profile_reasoning
+from embodied.profiler import Probe
+from pipelines.planning import MIN_THREAD_SCALING
+from pipelines.reasoning.planning import (
+    chunk_choices,
+    measured_factors,
+    per_minibatch,
+    plan_reasoning,
+    probe_layouts,
+    profile_reasoning,
+)
 from pipelines.reasoning.workflow import ReasoningWorkflow
 from pipelines.workflow import Layout
 from scheduler import ComponentProfile, CostModel, Profile, Resources, sequential_plan
@@ -75,6 +84,30 @@ def test_measured_factors_by_hand() -> None:
     assert measured_factors(cfg, hand_made(), layout, metrics) == pytest.approx({"rollout": 2.0, "reward": 1.0, "trainer": 0.5})
 
 
+def test_probes_pin_the_workers_as_the_plans_do() -> None:
+    # one thread: generation on core 0, the trainer on the last core (disaggregated); a thread per
+    # core: all three on every core (colocated)
+    assert probe_layouts(2) == {1: {"rollout": (0,), "reward": (0,), "trainer": (1,)},
+                                2: {"rollout": (0, 1), "reward": (0, 1), "trainer": (0, 1)}}
+    assert probe_layouts(1) == {1: {"rollout": (0,), "reward": (0,), "trainer": (0,)}}
+
+
+def test_a_trainer_probed_at_one_size_costs_per_minibatch() -> None:
+    one = Probe("trainer")
+    one.add(8, 1, 0.2)  # one minibatch of 8
+    per_minibatch(one, 8)
+    assert sorted(one.samples) == [(8, 1, 0.2), (16, 1, 0.4)]
+    two = Probe("trainer")
+    two.add(16, 2, 0.3)  # two minibatches of 8
+    per_minibatch(two, 8)
+    assert sorted(two.samples) == [(8, 2, 0.15), (16, 2, 0.3)]
+    both = Probe("trainer")
+    both.add(8, 1, 0.2)
+    both.add(16, 1, 0.5)
+    per_minibatch(both, 8)
+    assert len(both.samples) == 2  # two sizes measured: left as they are
+
+
 @pytest.mark.slow
 def test_profile_is_measured_at_the_planned_sizes_then_cached(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path / "cache"))
@@ -92,5 +125,9 @@ def test_profile_is_measured_at_the_planned_sizes_then_cached(tmp_path, monkeypa
     assert set(first.components) == {"rollout", "reward", "trainer", "weight_sync"}
     assert first["rollout"].weights_mib > 0 and first["rollout"].memory_per_item_gib > 0
     assert all(seconds > 0 for p in probes.values() for _, _, seconds in p)
+    # priced as the workers run them: a thread per core only where more threads pay off
+    assert all(first[c].cost.scaling_exponent in (0.0,) or first[c].cost.scaling_exponent >= MIN_THREAD_SCALING
+               for c in ("rollout", "trainer"))
+    assert first["weight_sync"].cost.fixed_s >= 0 and first["trainer"].onload_s > 0
     result = plan_reasoning(cfg, first)
     assert result.best.num_chunks in (1, 2) and result.bound is not None
