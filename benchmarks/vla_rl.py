@@ -69,6 +69,11 @@ def evaluate(cfg: EmbodiedConfig, spaces: tuple[Any, Any], state: dict[str, Any]
     return out
 
 
+def headline_mode(cfg: EmbodiedConfig) -> str:
+    """The evaluation the run itself does (``eval.deterministic``): its curve and the target's."""
+    return "greedy" if cfg.eval.deterministic else "sampled"
+
+
 def wilson(rate: float, n: int, z: float = 1.96) -> list[float]:
     """The Wilson score interval of a success rate over ``n`` episodes."""
     centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
@@ -122,9 +127,10 @@ def run_algorithm(name: str, args: argparse.Namespace, run_root: Path) -> dict[s
     model, _, state = load_checkpoint(run_dir)
     after = evaluate(cfg_init, spaces, model)
     summary = json.loads((run_dir / "summary.json").read_text())
-    if abs(summary["eval/success_rate"] - after["greedy"]["success_rate"]) > 1e-9:
+    headline = headline_mode(cfg)
+    if abs(summary["eval/success_rate"] - after[headline]["success_rate"]) > 1e-9:
         raise RuntimeError(f"{name}: the run's final evaluation ({summary['eval/success_rate']}) differs from the "
-                           f"checkpoint's re-evaluation ({after['greedy']['success_rate']}) on the same episodes")
+                           f"checkpoint's {headline} re-evaluation ({after[headline]['success_rate']}) on the same episodes")
     delta = {mode: round(100 * (after[mode]["success_rate"] - before[mode]["success_rate"]), 1) for mode in ("greedy", "sampled")}
     print(f"[{name}] after RL: greedy {after['greedy']['success_rate']:.2f} ({delta['greedy']:+.1f} points), sampled "
           f"{after['sampled']['success_rate']:.2f} ({delta['sampled']:+.1f}); {summary['env_steps']:,} env steps, "
@@ -137,13 +143,14 @@ def run_algorithm(name: str, args: argparse.Namespace, run_root: Path) -> dict[s
         "before": before,
         "after": after,
         "delta_points": delta,
-        "target_met": delta["greedy"] >= TARGET_POINTS,
+        "headline": headline,
+        "target_met": delta[headline] >= TARGET_POINTS,
         "env_steps": summary["env_steps"],
         "iterations": summary["iterations"],
         "rl_wall_s": round(summary["wall_s"], 1),
         "train_process_wall_s": round(train_s, 1),
         "checkpoint_iteration": state["iteration"],
-        "curve": learning_curve(run_dir, before["greedy"]["success_rate"]),
+        "curve": learning_curve(run_dir, before[headline]["success_rate"]),
         "run_dir": str(run_dir),
     }
 
@@ -152,8 +159,9 @@ def plot(results: dict[str, dict[str, Any]], episodes: int, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, 4.0), dpi=120)
     for name, res in results.items():
         steps, _, rate = zip(*res["curve"]["eval"])
+        mode = res["headline"]
         ax.plot([s / 1000 for s in steps], rate, "o-", color=COLORS[name], lw=2,
-                label=f"{name.upper()}: greedy, {episodes} eval episodes ({res['delta_points']['greedy']:+.0f} points)")
+                label=f"{name.upper()}: {mode}, {episodes} eval episodes ({res['delta_points'][mode]:+.0f} points)")
         if res["curve"]["train"]:
             tsteps, _, trate = zip(*res["curve"]["train"])
             ax.plot([s / 1000 for s in tsteps], trate, color=COLORS[name], lw=0.8, alpha=0.35,
@@ -188,9 +196,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     episodes = next(iter(results.values()))["config"]["eval"]["episodes"]
     png = plot(results, episodes, RESULTS / f"{args.name}.png")
     for name, res in results.items():
-        print(f"{name.upper()}: greedy {res['before']['greedy']['success_rate']:.2f} -> {res['after']['greedy']['success_rate']:.2f} "
-              f"({res['delta_points']['greedy']:+.1f} points; target +{TARGET_POINTS:g} {'met' if res['target_met'] else 'NOT met'}), "
-              f"sampled {res['before']['sampled']['success_rate']:.2f} -> {res['after']['sampled']['success_rate']:.2f}")
+        print(f"{name.upper()}: " + ", ".join(
+            f"{mode} {res['before'][mode]['success_rate']:.2f} -> {res['after'][mode]['success_rate']:.2f} "
+            f"({res['delta_points'][mode]:+.1f} points)" for mode in ("greedy", "sampled"))
+            + f"; target +{TARGET_POINTS:g} ({res['headline']}) {'met' if res['target_met'] else 'NOT met'}")
     out = {
         "benchmark": "vla_rl",
         "command": "python -m benchmarks.vla_rl " + " ".join(sys.argv[1:] if argv is None else argv),
