@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import math
 import os
 import subprocess
@@ -188,6 +189,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--shared", action="store_true", help="record that other work ran on the machine (timings slower than idle)")
     parser.add_argument("overrides", nargs="*", help="config overrides of both recipes (key=value)")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the warm start's progress lines
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_root = args.run_root / stamp
     load_before = os.getloadavg()
