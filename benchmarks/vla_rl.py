@@ -97,7 +97,9 @@ def train(recipe: str, overrides: list[str], run_dir: Path) -> float:
 
 def learning_curve(run_dir: Path, before: float) -> dict[str, list]:
     """The run's evaluations ``(env_steps, wall_s, eval/success_rate)``, the warm start's at 0
-    first and the final one last, and its training episodes' ``train/success_rate`` (sampled)."""
+    first and the final one last, and its training episodes' ``train/success_rate`` (the last 20
+    episodes to finish: under GRPO, where every env runs one episode per iteration, these are the
+    iteration's slowest, i.e. mostly its failures, so it reads low; not plotted)."""
     rows = read_metrics(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     evals = [(0, 0.0, before)]
@@ -163,10 +165,6 @@ def plot(results: dict[str, dict[str, Any]], episodes: int, path: Path) -> Path:
         mode = res["headline"]
         ax.plot([s / 1000 for s in steps], rate, "o-", color=COLORS[name], lw=2,
                 label=f"{name.upper()}: {mode}, {episodes} eval episodes ({res['delta_points'][mode]:+.0f} points)")
-        if res["curve"]["train"]:
-            tsteps, _, trate = zip(*res["curve"]["train"])
-            ax.plot([s / 1000 for s in tsteps], trate, color=COLORS[name], lw=0.8, alpha=0.35,
-                    label=f"{name.upper()}: training episodes (sampled, last 20)")
     ax.set_xlabel("RL env steps (thousands); 0 = the behaviour-cloned warm start")
     ax.set_ylabel("success rate")
     ax.set_ylim(-0.02, 1.02)
@@ -187,8 +185,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--name", default="vla_rl", help="stem of the result files")
     parser.add_argument("--run-root", type=Path, default=ROOT / "runs" / "vla_rl", help="where the runs' dirs go")
     parser.add_argument("--shared", action="store_true", help="record that other work ran on the machine (timings slower than idle)")
+    parser.add_argument("--combine", nargs="+", metavar="NAME",
+                        help="merge earlier results/NAME.json files (e.g. one per algorithm, run one after the other or "
+                             "side by side) into results/<--name>.{json,png}; runs nothing")
     parser.add_argument("overrides", nargs="*", help="config overrides of both recipes (key=value)")
     args = parser.parse_args(argv)
+    if args.combine:
+        return combine(args.combine, args.name)
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the warm start's progress lines
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_root = args.run_root / stamp
@@ -217,6 +220,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "curve_png": png.name,
     }
     path = write_result(args.name, out)
+    print(f"wrote {path} and {png}")
+    return out
+
+
+def combine(names: list[str], name: str) -> dict[str, Any]:
+    """One result of several runs of this benchmark (each with its own algorithms): their results
+    side by side, each run's command and conditions kept."""
+    parts = [json.loads((RESULTS / f"{part}.json").read_text()) for part in names]
+    results: dict[str, Any] = {}
+    for part in parts:
+        overlap = set(results) & set(part["results"])
+        if overlap:
+            raise ValueError(f"--combine: {sorted(overlap)} appear in more than one of {names}")
+        results.update(part["results"])
+    episodes = parts[0]["evaluation"]["episodes"]
+    png = plot(results, episodes, RESULTS / f"{name}.png")
+    out = {
+        "benchmark": "vla_rl",
+        "command": " && ".join(part["command"] for part in parts),
+        "combined_from": names,
+        "target_points": TARGET_POINTS,
+        "evaluation": parts[0]["evaluation"],
+        "seed": parts[0]["seed"],
+        "results": results,
+        "conditions": [part["conditions"] for part in parts],
+        "wall_s": sum(part["wall_s"] for part in parts),
+        "curve_png": png.name,
+    }
+    path = write_result(name, out)
     print(f"wrote {path} and {png}")
     return out
 
