@@ -22,17 +22,20 @@ from pipelines.embodied import evaluate_weights
 from pipelines.preflight import preflight
 
 ROOT = Path(__file__).resolve().parents[2]
-EPISODES = 200
-#: The required gain in greedy success. Before and after are evaluated on the same EPISODES
-#: episodes (same seeds); even for two independent samples of success rates near 0.5 the standard
-#: error of the difference is sqrt(2 * 0.25 / 200) = 0.05, so 0.15 is 3 standard errors.
-MARGIN = 0.15
-ARGS = ("colorreach_openvla_ppo_tiny", "seed=0", "algo.total_env_steps=30000", f"eval.episodes={EPISODES}",
+EPISODES = 100
+#: The required gain in greedy success, on the same EPISODES evaluation episodes before and after
+#: (same seeds). Even for two independent samples of success rates near 0.5 the standard error of
+#: the difference is sqrt(2 * 0.25 / 100) = 0.07, so 0.20 is 2.8 standard errors. The run is
+#: deterministic for a seed: this one is the benchmark's PPO run up to its evaluation at 30,720
+#: env steps (0.18 -> 0.54 in benchmarks/results/vla_rl.json).
+MARGIN = 0.20
+ARGS = ("colorreach_openvla_ppo_tiny", "seed=0", "algo.total_env_steps=30720", f"eval.episodes={EPISODES}",
         "logging.wandb=false", "logging.tensorboard=false", "checkpoint.every=0")
 
 
 @pytest.mark.slow
 @pytest.mark.learning
+@pytest.mark.timeout(1800)  # ~5 min on 2 idle cores: 1 min of cloning, 30k env steps of PPO
 def test_ppo_raises_the_greedy_success_of_a_behaviour_cloned_vla(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("EMBODIED_CACHE", str(cache))  # a fresh warm start, which the run then loads
