@@ -1,6 +1,6 @@
 """Learning benchmark: PPO and GRPO raise a behaviour-cloned tiny OpenVLA's success on ColorReach-v0.
 
-    python -m benchmarks.vla_rl [--algos ppo grpo] [--eval-every-steps 2500] [--seed 0] [key=value ...]
+    python -m benchmarks.vla_rl [--algos ppo grpo] [--eval-every-steps 5000] [--seed 0] [key=value ...]
 
 For each algorithm, its recipe (``colorreach_openvla_ppo_tiny``, ``colorreach_openvla_grpo_tiny``):
 
@@ -180,7 +180,7 @@ def plot(results: dict[str, dict[str, Any]], episodes: int, path: Path) -> Path:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algos", nargs="+", choices=list(RECIPES), default=list(RECIPES))
-    parser.add_argument("--eval-every-steps", type=int, default=2500, help="env steps between the run's evaluations")
+    parser.add_argument("--eval-every-steps", type=int, default=5000, help="env steps between the run's evaluations")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--name", default="vla_rl", help="stem of the result files")
     parser.add_argument("--run-root", type=Path, default=ROOT / "runs" / "vla_rl", help="where the runs' dirs go")
