@@ -20,7 +20,7 @@ train: setup-train
 test: setup
 	$(VENV)/bin/python -m pytest -m "not heavy" $(PYTEST_ARGS)
 
-# the kill -9 fault tests, trainer ranks and the two-node cluster (~8 min on 2 cores)
+# the kill -9 fault tests, trainer ranks, the two-node cluster, VLA PPO learning (~14 min on 2 cores)
 test-heavy: setup
 	$(VENV)/bin/python -m pytest -m heavy $(PYTEST_ARGS)
 
