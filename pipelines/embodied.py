@@ -161,14 +161,19 @@ class EmbodiedWorkflow(Workflow):
     def _trainer_micro_batch(self, layout: Layout) -> int | None:
         return trainer_micro_batch(self.cfg.algo.micro_batch_size, layout.plan.train_microbatch, self.cfg.workers.trainer)
 
+    def _checked_requests(self, cluster: Cluster, layout: Layout) -> dict[str, list[RankResources]]:
+        """Every rank's Ray reservation under ``layout``, refused at once if the cluster cannot hold them."""
+        requests = {c: self._rank_resources(c, layout) for c in self.components}
+        cluster.check_capacity({c: [{"CPU": r.num_cpus, "GPU": r.num_gpus, **r.custom} for r in ranks]
+                                for c, ranks in requests.items()})
+        return requests
+
     # --- running -----------------------------------------------------------------------------------
     def build(self, cluster: Cluster, layout: Layout, profile: Profile | None) -> None:
         cfg, w = self.cfg, self.cfg.workers
         self.layout, self.profile_ = layout, profile
         pins = self._pinnings(layout, profile)
-        requests = {c: self._rank_resources(c, layout) for c in self.components}
-        cluster.check_capacity({c: [{"CPU": r.num_cpus, "GPU": r.num_gpus, **r.custom} for r in ranks]
-                                for c, ranks in requests.items()})
+        requests = self._checked_requests(cluster, layout)
         self.env = WorkerGroup(
             cluster, EnvWorker, w.env, cfg, layout.num_chunks, pins["env"], self.algorithm.grouped, name="env",
             resources=requests["env"],
@@ -205,9 +210,7 @@ class EmbodiedWorkflow(Workflow):
         pins = self._pinnings(layout, self.profile_)
         if len(layout.ranks_of("rollout")) != self.rollout.num_ranks:  # another number of lanes: new rollout ranks
             self.rollout.shutdown()
-            requests = {c: self._rank_resources(c, layout) for c in self.components}
-            self.cluster_.check_capacity({c: [{"CPU": r.num_cpus, "GPU": r.num_gpus, **r.custom} for r in ranks]
-                                          for c, ranks in requests.items()})
+            requests = self._checked_requests(self.cluster_, layout)
             self.rollout = self._rollout_group(layout, pins["rollout"], requests["rollout"])
         wait_all(
             self.env.call("configure", layout.num_chunks, pins["env"]).as_phase(),  # rebuilds the envs
