@@ -45,10 +45,13 @@ class EpisodeStats:
     length: np.ndarray
     success: np.ndarray | None = None
 
-    def finished(self) -> list[dict[str, float]]:
-        """One dict per finished episode: ``{"return", "length", "success"?}``."""
+    def finished(self, among: np.ndarray | None = None) -> list[dict[str, float]]:
+        """One dict per finished episode: ``{"return", "length", "success"?}``; with ``among`` (N,)
+        bool, only the episodes of the envs it marks."""
         rows = []
         done, returns, lengths = to_numpy(self.done), to_numpy(self.episode_return), to_numpy(self.length)
+        if among is not None:
+            done = done & among
         success = None if self.success is None else to_numpy(self.success)
         for i in np.flatnonzero(done):
             row = {"return": float(returns[i]), "length": int(lengths[i])}

@@ -65,7 +65,9 @@ class EmbodiedWorkflow(Workflow):
         self.profile_: Profile | None = None
         self.pending = False  # staleness 1: the last collection's batch awaits training
         # train/* episode metrics average the last RETURN_WINDOW finished episodes: the episodes that
-        # finish inside one iteration alone are biased towards short ones.
+        # finish inside one iteration alone are biased towards short ones. Grouped (GRPO) they
+        # average the iteration's rollouts (every env's first episode): a window of the last ones
+        # to end would hold the iteration's slowest episodes, its failures.
         self.recent: deque[dict[str, float]] = deque(maxlen=RETURN_WINDOW)
 
     def preflight(self) -> tuple[Any, Any]:
@@ -320,7 +322,7 @@ class EmbodiedWorkflow(Workflow):
         return self.trainer.call("train", self.traj_channel, self.rollout.num_ranks, lr).as_phase()
 
     def _episode_metrics(self, episodes: list[dict[str, float]]) -> dict[str, Any]:
-        window = list(self.recent)
+        window = episodes if self.algorithm.grouped else list(self.recent)
         out: dict[str, Any] = {"train/episodes": len(episodes)}
         if window:
             out["train/episode_return"] = float(np.mean([e["return"] for e in window]))

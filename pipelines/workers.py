@@ -133,8 +133,8 @@ class EnvWorker(Worker):
         return self.envs[0].observation_space, self.envs[0].action_space
 
     def interact(self, num_steps: int, obs_channel: Channel, action_channel: Channel, iteration: int = 0) -> dict[str, Any]:
-        """Run ``num_steps`` decisions of every chunk; returns the episodes that finished, the
-        seconds spent simulating, the env steps taken and the episodes ``env.nonfinite=drop``
+        """Run ``num_steps`` decisions of every chunk; returns the episodes that finished (grouped:
+        each env's first, the rollouts GRPO compares), the seconds spent simulating, the env steps taken and the episodes ``env.nonfinite=drop``
         ended (whose last step is not counted). Grouped (GRPO): every chunk first resets its envs
         in groups (see :func:`group_seeds`). An env's failure names its index over all env workers."""
         self._current_chunk = 0
@@ -165,6 +165,9 @@ class EnvWorker(Worker):
                 self.obs[c] = env.reset(seed=self.seeds[c])
                 sim_s += time.perf_counter() - t0
             obs_channel.put(keys[c], EnvOutput(with_instructions(self.obs[c], self.instructions[c]), group_ids=group_ids))
+        # grouped: the iteration's rollouts are each env's first episode; the ones that start after it
+        # (auto-reset) are cut short by the next iteration's reset and trained on by nobody
+        first = [np.ones(env.num_envs, bool) if self.grouped else None for env in self.envs]
         active = list(range(self.num_chunks))
         for _ in range(num_steps):
             for c in list(active):
@@ -183,7 +186,9 @@ class EnvWorker(Worker):
                 nonfinite += lost
                 env_steps += int(out.valid.sum()) - lost  # a dropped episode's last step is not a real one
                 self.obs[c] = res.obs
-                episodes.extend(res.episodes.finished())
+                episodes.extend(res.episodes.finished(among=first[c]))
+                if first[c] is not None:
+                    first[c] &= ~to_numpy(res.episodes.done).astype(bool)
                 obs_channel.put(keys[c], out)
         return {"episodes": episodes, "sim_s": sim_s, "env_steps": env_steps, "nonfinite_episodes": nonfinite}
 

@@ -60,3 +60,39 @@ def test_groups_share_the_initial_state_in_maniskill():
     state = out.obs["state"]
     assert np.array_equal(state[0], state[1]) and np.array_equal(state[2], state[3])
     assert not np.array_equal(state[0], state[2])
+
+
+class Driver(Worker):
+    """Plays the rollout's side for one chunk: the expert in the first half of the envs, standing
+    still in the second (those never reach the goal: truncated after the 12-step limit)."""
+
+    def drive(self, obs: Channel, act: Channel, steps: int) -> None:
+        from envs.adapters.color_reach import expert
+
+        for t in range(steps + 1):
+            out = obs.get(0)
+            if t < steps:
+                actions = expert(out.obs)
+                actions[len(actions) // 2:] = 0.0
+                act.put(0, actions)
+
+
+def test_a_grouped_iteration_reports_each_envs_first_episode_once():
+    """The experts succeed within a few steps and start second episodes (auto-reset) that also
+    succeed before the iteration ends; the iteration's rollouts are the first episodes only, so
+    train/success_rate is the group members' 0.5, not inflated by the second successes or (a window
+    of the last episodes to end) deflated towards the failures that end last."""
+    cfg = _cfg("ColorReach-v0", "env.num_envs=8", "algo.group_size=4", "env.obs_mode=state", "algo.rollout_steps=12")
+    with Cluster(ClusterConfig(backend="local")) as cluster:
+        env = WorkerGroup(cluster, EnvWorker, 1, cfg, 1, None, True, name="env")
+        driver = WorkerGroup(cluster, Driver, 1, name="driver")
+        obs, act = Channel("obs", driver), Channel("act", env, route=BlockRoute(1))
+        interacting = env.call("interact", 12, obs, act, 0)
+        driver.call("drive", obs, act, 12).wait()
+        out = interacting.result()
+        env.call("close").wait()
+    episodes = out["episodes"]
+    assert len(episodes) == 8  # one per env, though the experts' envs finished two or more
+    assert sorted(e["success"] for e in episodes) == [0.0] * 4 + [1.0] * 4
+    assert sorted(e["length"] for e in episodes)[-4:] == [12] * 4
+    assert out["env_steps"] > 8 * 6  # the steps of the second episodes are still counted as taken
