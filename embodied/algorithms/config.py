@@ -128,6 +128,13 @@ class AlgoConfig:
     ``gamma``, compared with the group's members at the same step (a step-wise group baseline: an
     action is not credited with rewards that came before it, nor much with those long after it,
     which lowers the variance on long episodes with dense rewards)."""
+    episode_weight: Literal["decisions", "equal"] = "decisions"
+    """How much an episode weighs in a GRPO loss (embodied; ``success`` and ``return`` outcomes):
+    ``decisions``: in proportion to its decisions (every decision's tokens count alike, as in
+    ``token-mean``), so a 12-step failure outweighs a 4-step success three times and the update
+    mostly pushes down the failures' actions (the policy's entropy rises); ``equal``: every episode
+    the same, as a sequence in the original GRPO (a decision's advantage is scaled by the batch's
+    mean episode length / its episode's length)."""
     filter_groups: bool = False
     """Dynamic sampling (DAPO): leave groups whose rewards have no spread out of the update (they
     carry no signal but dilute token-mean); their share is logged as ``frac_reward_zero_std``."""
@@ -175,6 +182,9 @@ class AlgoConfig:
              f"algo.loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES.names())} (got {self.loss_agg_mode!r})")
         need(self.kl_loss_type.rstrip("+") in KL_ESTIMATORS,
              f"algo.kl_loss_type must be one of {', '.join(KL_ESTIMATORS.names())} (optionally with '+'; got {self.kl_loss_type!r})")
+        need(not (self.episode_weight == "equal" and self.outcome == "return_to_go"),
+             "algo.episode_weight=equal weighs whole episodes; with algo.outcome=return_to_go each decision is "
+             "compared at its own step (use episode_weight=decisions)")
         if self.estimator in ("grpo", "rloo"):
             need(self.group_size >= 2, f"algo.group_size must be >= 2 for {self.estimator} advantages: a group of one has "
                                        f"no baseline to compare with (got {self.group_size})")

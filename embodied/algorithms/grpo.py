@@ -6,9 +6,11 @@ responses to one prompt (reasoning).
     advantages:  each env's first episode in the batch is one rollout; its outcome (``success`` or
                  the episode ``return``) is compared with its group's: ``(r - mean) / (std + eps)``
                  (``grpo``; without the std for Dr. GRPO), or the leave-one-out baseline (``rloo``).
-                 Every decision of the episode gets the episode's advantage; decisions after it
-                 ended (the env auto-reset) stay out of the loss. With ``return_to_go`` each decision
-                 is scored by the rewards from it on, against the group's members at the same step.
+                 Every decision of the episode gets the episode's advantage (with
+                 ``episode_weight=equal`` scaled so that every episode weighs the same, whatever
+                 its length); decisions after it ended (the env auto-reset) stay out of the loss.
+                 With ``return_to_go`` each decision is scored by the rewards from it on, against
+                 the group's members at the same step.
                  With ``filter_groups``, groups whose outcomes have no spread stay out too
                  (dynamic sampling).
     loss:        clipped surrogate (clip-higher, dual clip) - entropy bonus + kl_loss_coef * KL to
@@ -34,6 +36,14 @@ from embodied.rl import (
     frac_reward_zero_std,
     zero_std_group_mask,
 )
+
+
+def equal_episode_weights(mask: torch.Tensor) -> torch.Tensor:
+    """(B,) weights that make each column's episode (its decisions in ``mask`` (T, B)) weigh the
+    same in a loss that averages decisions: the mean episode length / the episode's length."""
+    lengths = mask.sum(0).float()
+    mean = lengths[lengths > 0].mean() if (lengths > 0).any() else lengths.new_tensor(1.0)
+    return torch.where(lengths > 0, mean / lengths.clamp(min=1), torch.zeros_like(lengths))
 
 
 @ALGORITHMS.register("grpo")
@@ -68,6 +78,8 @@ class GRPO(Algorithm):
             advantages[mask] = estimate(to_go[mask], group_ids=(steps + group_ids[None, :])[mask], **options)
         else:
             advantages = estimate(outcome, group_ids=group_ids, **options).expand_as(mask)  # (T, B)
+            if cfg.episode_weight == "equal":
+                advantages = advantages * equal_episode_weights(mask)[None, :]
         if cfg.filter_groups:
             mask = mask & zero_std_group_mask(outcome, group_ids)[None, :]
         stats = {

@@ -153,6 +153,23 @@ def test_grpo_advantages_per_group_and_dynamic_sampling():
     torch.testing.assert_close(dr.advantages[0], torch.tensor([0.5, -0.5, 0, 0, 0, 0]))
 
 
+def test_grpo_equal_episode_weight_makes_a_short_success_weigh_as_much_as_a_long_failure():
+    # one group of 2 envs over 4 decisions: env 0 succeeds at its 1st decision (then auto-resets:
+    # the 3 decisions after are not its rollout), env 1 is truncated at its 4th; advantages +-a
+    b = batch([[1.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]], terminated=[[1, 0], [0, 0], [0, 0], [0, 0]],
+              truncated=[[0, 0], [0, 0], [0, 0], [0, 1]], success=[[1, 0], [0, 0], [0, 0], [0, 0]], group_ids=[0, 0])
+    a = 0.5 / (float(np.std([1.0, 0.0], ddof=1)) + 1e-6)
+    plain = build_algorithm(AlgoConfig(name="grpo", group_size=2)).advantages(b)
+    assert plain.mask.tolist() == [[True, True], [False, True], [False, True], [False, True]]
+    torch.testing.assert_close(plain.advantages[plain.mask], torch.tensor([a, -a, -a, -a, -a]))  # row-major: the failure weighs 4x
+    equal = build_algorithm(AlgoConfig(name="grpo", group_size=2, episode_weight="equal")).advantages(b)
+    # mean length 2.5: env 0's one decision x 2.5, env 1's four x 2.5 / 4; each episode sums to +-2.5 a
+    torch.testing.assert_close(equal.advantages[equal.mask], torch.tensor([2.5 * a] + [-0.625 * a] * 4))
+    assert equal.mask.tolist() == plain.mask.tolist()
+    with pytest.raises(ConfigError, match="episode_weight=equal"):
+        build_config(AlgoConfig, {"name": "grpo", "outcome": "return_to_go", "episode_weight": "equal"})
+
+
 def test_grpo_needs_groups_and_a_group_of_two():
     with pytest.raises(ValueError, match="group ids"):
         build_algorithm(AlgoConfig(name="grpo", group_size=2)).advantages(batch([[1.0]], truncated=[[1]], success=[[1]]))
