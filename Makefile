@@ -5,6 +5,9 @@ VENV ?= .venv
 RECIPE ?=
 ARGS ?=
 PYTEST_ARGS ?=
+# pytest workers: the suite waits on Ray, simulators and subprocesses for half its time, so two
+# workers on two cores finish it in about half the time (JOBS=1: one process, in collection order)
+JOBS ?= 2
 
 .PHONY: train test test-heavy setup setup-train bench lint clean
 
@@ -18,11 +21,11 @@ train: setup-train
 	$(VENV)/bin/embodied train $(RECIPE) $(ARGS)
 
 test: setup
-	$(VENV)/bin/python -m pytest -m "not heavy" $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(JOBS) --dist loadgroup $(PYTEST_ARGS)
 
-# the kill -9 fault tests, trainer ranks, the two-node cluster, VLA PPO learning (~14 min on 2 cores)
+# only the heavy tests (kill -9 faults, trainer ranks, the two-node cluster, VLA learning)
 test-heavy: setup
-	$(VENV)/bin/python -m pytest -m heavy $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(JOBS) --dist loadgroup -m heavy $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/lint-imports

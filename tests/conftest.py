@@ -11,6 +11,9 @@ os.environ.setdefault("WANDB_SILENT", "true")
 
 
 def pytest_collection_modifyitems(config, items):
+    # The longest tests first (heavy: minutes; slow: > 10 s), so that pytest-xdist's workers do
+    # not end on one of them alone; a stable sort keeps each module's order within a class.
+    items.sort(key=lambda item: 0 if "heavy" in item.keywords else 1 if "slow" in item.keywords else 2)
     try:
         import torch
 

@@ -15,7 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.slow, pytest.mark.heavy]
+pytestmark = [pytest.mark.slow, pytest.mark.heavy,
+              pytest.mark.xdist_group("two_nodes")]  # one worker builds the module's two_nodes once
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

@@ -10,7 +10,8 @@ import pytest
 
 from tests.pipelines.test_train_cli import embodied
 
-pytestmark = [pytest.mark.slow, pytest.mark.heavy]
+pytestmark = [pytest.mark.slow, pytest.mark.heavy,
+              pytest.mark.xdist_group("two_rank_run")]  # one worker builds the module's two_rank_run once
 
 #: 4 CartPole envs x 64 decisions = 256 samples an iteration, 2 minibatches: blocks of 64 per rank.
 SHORT = ["env.num_envs=4", "algo.rollout_steps=64", "algo.num_minibatches=2", "algo.epochs=2", "logging.wandb=false",
