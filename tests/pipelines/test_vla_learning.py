@@ -33,7 +33,7 @@ ARGS = ("colorreach_openvla_ppo_tiny", "seed=0", "algo.total_env_steps=30720", f
         "logging.wandb=false", "logging.tensorboard=false", "checkpoint.every=0")
 
 
-@pytest.mark.heavy  # ~5 min: make test-heavy (make test stays under CI's 30 minutes)
+@pytest.mark.heavy  # ~5 min: scheduled first by make test (tests/conftest.py)
 @pytest.mark.learning
 @pytest.mark.timeout(1800)  # ~5 min on 2 idle cores: 1 min of cloning, 30k env steps of PPO
 def test_ppo_raises_the_greedy_success_of_a_behaviour_cloned_vla(tmp_path, monkeypatch):
