@@ -113,6 +113,27 @@ def test_profile_is_measured_then_cached(tmp_path, monkeypatch):
     assert workflow_of(cfg).num_envs == 8
 
 
+def test_on_ray_the_rollout_is_probed_in_a_rollout_worker_fed_over_channels(tmp_path, monkeypatch, ray_cluster):
+    """The Ray pipeline's rollout pays, per call, for its inputs arriving over a channel, its
+    sampling stream and sending the actions back: the probe runs a real RolloutWorker fed by a
+    replaying env-side worker, at every chunk size and thread count, and leaves no actor behind."""
+    import ray
+
+    from pipelines.planning import resources_of
+
+    monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path))
+    logs: list[str] = []
+    actors = lambda: {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}  # noqa: E731
+    before = actors()
+    prof = profile_embodied(_cfg(), ray_cluster, log=logs.append)
+    lines = [line for line in logs if "rollout batch" in line]
+    assert lines and all("in a rollout worker" in line for line in lines), lines
+    cores = len(resources_of(_cfg()))
+    assert {(b, c) for b, c, _ in prof.meta["probes"]["rollout"]} == {(b, c) for b in (2, 4, 8) for c in {1, cores}}
+    assert all(0 < s < 1 for _, _, s in prof.meta["probes"]["rollout"])
+    assert actors() <= before
+
+
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
 def test_trainer_probe_times_the_trainers_own_update(tmp_path, monkeypatch, algo):
     """The trainer's cost comes from the configured algorithm's ``update`` itself (the code the
