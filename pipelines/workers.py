@@ -134,8 +134,8 @@ class EnvWorker(Worker):
 
     def interact(self, num_steps: int, obs_channel: Channel, action_channel: Channel, iteration: int = 0) -> dict[str, Any]:
         """Run ``num_steps`` decisions of every chunk; returns the episodes that finished (grouped:
-        each env's first, the rollouts GRPO compares), the seconds spent simulating, the env steps taken and the episodes ``env.nonfinite=drop``
-        ended (whose last step is not counted). Grouped (GRPO): every chunk first resets its envs
+        each env's first, the rollouts GRPO compares), the seconds spent simulating, the env steps
+        taken and the episodes ``env.nonfinite=drop`` ended (whose last step is not counted). Grouped (GRPO): every chunk first resets its envs
         in groups (see :func:`group_seeds`). An env's failure names its index over all env workers."""
         self._current_chunk = 0
         try:
