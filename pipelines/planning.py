@@ -341,30 +341,42 @@ def record_seconds_per_call(recorder: TrajectoryRecorder, outputs: list[EnvOutpu
     return (decisions * float(np.median(per_decision)) + finish_s) / (decisions + 1)
 
 
+def _rollout_probe(cfg: EmbodiedConfig, outputs: list[EnvOutput], cores: int, log, use_threads: Callable[[int], None],
+                   per_call: Callable[[list[EnvOutput], int], float], repeats: int, where: str) -> Probe:
+    """The rollout's seconds per call at the chunk sizes on 1 and all cores: ``use_threads(n)``
+    sets the threads, ``per_call(outputs, decisions)`` records ``decisions`` decisions from the env
+    probe's outputs tiled to a chunk's batch; after a 2-decision warm-up, the median of
+    ``repeats`` timed passes."""
+    probe = Probe("rollout")
+    for threads in sorted({1, cores}):
+        use_threads(threads)
+        for b in _probe_sizes(cfg.env.num_envs * cfg.workers.env):
+            tiled = [tile_output(o, b) for o in outputs]
+            per_call(tiled, 2)  # warm-up
+            seconds = float(np.median([per_call(tiled, ROLLOUT_PROBE_DECISIONS) for _ in range(repeats)]))
+            probe.add(b, threads, seconds)
+            log(f"  rollout batch {b:>4} on {threads} core(s): {seconds * 1e3:8.2f} ms/call ({where})")
+    return probe
+
+
 def _probe_rollout(cfg: EmbodiedConfig, policy, outputs: list[EnvOutput], action_space: Any, cores: int, log) -> Probe:
     """The rollout worker's work per call at the chunk sizes on 1 and all cores, on the rollout's
     device: the policy's inference *and* recording the decision through the
     :class:`TrajectoryRecorder` the worker runs (results back on the host, values of ended
     episodes, the batch assembled at the end), on the env outputs the env probe's real steps
     produced (:func:`record_seconds_per_call`)."""
-    probe = Probe("rollout")
     device = resolve_device(cfg.workers.rollout_device)
     policy = policy.to(device)
     record_values = build_algorithm(cfg.algo).needs_critic
+
+    def per_call(tiled: list[EnvOutput], decisions: int) -> float:
+        return record_seconds_per_call(TrajectoryRecorder(policy, device, record_values, action_space), tiled, decisions)
+
     before = torch.get_num_threads()
     try:
-        for threads in sorted({1, cores}):
-            torch.set_num_threads(threads)
-            for b in _probe_sizes(cfg.env.num_envs * cfg.workers.env):
-                tiled = [tile_output(o, b) for o in outputs]
-                recorder = TrajectoryRecorder(policy, device, record_values, action_space)
-                record_seconds_per_call(recorder, tiled, 2)  # warm-up
-                seconds = record_seconds_per_call(recorder, tiled, ROLLOUT_PROBE_DECISIONS)
-                probe.add(b, threads, seconds)
-                log(f"  rollout batch {b:>4} on {threads} core(s): {seconds * 1e3:8.2f} ms/call (inference + recording)")
+        return _rollout_probe(cfg, outputs, cores, log, torch.set_num_threads, per_call, 1, "inference + recording")
     finally:
         torch.set_num_threads(before)
-    return probe
 
 
 class _EnvReplay(Worker):
@@ -391,7 +403,6 @@ def _probe_rollout_in_a_worker(cfg: EmbodiedConfig, cluster: Cluster, policy, ou
     this probe measures 0.8 ms. CPU rollouts only: a probe worker holds no GPU."""
     from pipelines.workers import Pinning, RolloutWorker
 
-    probe = Probe("rollout")
     record_values = build_algorithm(cfg.algo).needs_critic
     one_worker = dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, env=1))
     rollout = WorkerGroup(cluster, RolloutWorker, 1, one_worker, obs_space, action_space, 1, None, record_values,
@@ -399,26 +410,21 @@ def _probe_rollout_in_a_worker(cfg: EmbodiedConfig, cluster: Cluster, policy, ou
     replay = WorkerGroup(cluster, _EnvReplay, 1, name="profile-env-replay", resources=RankResources(0.01))
     obs_ch, act_ch, traj_ch = Channel("probe-obs", rollout), Channel("probe-act", replay), Channel("probe-traj", replay)
 
-    def per_call(tiled: list[EnvOutput], steps: int) -> float:
-        fed = replay.call("replay", tiled, steps, obs_ch, act_ch, traj_ch)
-        out = rollout.call("generate", steps, obs_ch, act_ch, traj_ch).result()
+    def use_threads(threads: int) -> None:
+        rollout.call("configure", 1, Pinning(None, threads)).wait()
+
+    def per_call(tiled: list[EnvOutput], decisions: int) -> float:
+        fed = replay.call("replay", tiled, decisions, obs_ch, act_ch, traj_ch)
+        out = rollout.call("generate", decisions, obs_ch, act_ch, traj_ch).result()
         fed.wait()
-        return float(out["infer_s"]) / (steps + 1)
+        return float(out["infer_s"]) / (decisions + 1)
 
     try:
         rollout.call("load_weights", WeightSyncer().export(policy.cpu(), 0)).wait()
-        for threads in sorted({1, cores}):
-            rollout.call("configure", 1, Pinning(None, threads)).wait()
-            for b in _probe_sizes(cfg.env.num_envs * cfg.workers.env):
-                tiled = [tile_output(o, b) for o in outputs]
-                per_call(tiled, 2)  # warm-up
-                seconds = float(np.median([per_call(tiled, ROLLOUT_PROBE_DECISIONS) for _ in range(3)]))
-                probe.add(b, threads, seconds)
-                log(f"  rollout batch {b:>4} on {threads} core(s): {seconds * 1e3:8.2f} ms/call (in a rollout worker)")
+        return _rollout_probe(cfg, outputs, cores, log, use_threads, per_call, 3, "in a rollout worker")
     finally:
         rollout.shutdown()
         replay.shutdown()
-    return probe
 
 
 def fit_threads(probe: Probe, one_thread_devices: int = 1) -> CostModel:
