@@ -1,15 +1,18 @@
 """M2Flow on the job users run first: the prediction before any re-planning, from a cold cache and
 from the cache the first run refined (``plan.learn``, :mod:`pipelines.learn`).
 
-Runs ``embodied train RECIPE`` twice, as a user would, on a fresh profile cache: the first run
-profiles (cold), plans and, after its first iterations, refines the cached profile with what it
-measured; the second run plans from that (warm). Re-planning is off (``plan.replan_threshold=0``),
-so every iteration runs the first plan. Per run it reports the plan, its predicted seconds per
-iteration and the measured ones (iteration 1, a warm-up with resets and first calls, left out of
-the median), and the error.
+Runs the first ``--iterations`` iterations of ``embodied train RECIPE`` twice, as a user would, on a
+fresh profile cache: the first run profiles (cold), plans, calibrates (:mod:`pipelines.calibrate`,
+with the iteration budget of the whole run: ``plan.calibrate`` of the recipe's iterations) and,
+after its first iterations, refines the cached profile with what it measured; the second run plans
+from that (warm). Re-planning is off (``plan.replan_threshold=0``). Per run it reports the plan
+the run settled on, its predicted seconds per iteration and the measured ones after calibration,
+the error, and the probes' prediction of the planner's first choice (what the run would predict
+without calibration).
 
-    python -m benchmarks.m2flow_learning                       # the default job, 8 iterations per run (~3 min)
-    python -m benchmarks.m2flow_learning --recipe halfcheetah_ppo --iterations 10
+    python -m benchmarks.m2flow_learning                       # the default job, 16 iterations per run (~4 min)
+    python -m benchmarks.m2flow_learning --recipe halfcheetah_ppo --iterations 20
+    python -m benchmarks.m2flow_learning plan.calibrate=0      # the probes' prediction alone
 
 Writes ``benchmarks/results/m2flow_learning.json``.
 """
@@ -46,7 +49,10 @@ def train(recipe: str, run_dir: Path, cache: Path, overrides: list[str]) -> tupl
 
 
 def summarize(rows: list[dict[str, Any]], output: str) -> dict[str, Any]:
-    timed = [r for r in rows[1:] if r.get("plan/measured_over_predicted") is not None]
+    """The prediction the run settled on against the iterations after the warm-up and calibration."""
+    timed = [r for r in rows[1:] if r.get("plan/measured_over_predicted") is not None and not r.get("plan/calibrating")]
+    if not timed:
+        raise RuntimeError("no iteration ran after calibration: raise --iterations")
     measured = statistics.median(r["time/iteration_s"] for r in timed)
     predicted = timed[0]["plan/predicted_iteration_s"]
     return {
@@ -55,6 +61,9 @@ def summarize(rows: list[dict[str, Any]], output: str) -> dict[str, Any]:
         "measured_s": measured,
         "measured_all_s": [r["time/iteration_s"] for r in rows],
         "error": (predicted - measured) / measured,
+        "first_choice": f"{rows[0]['plan/mode']}, {rows[0]['plan/chunks']} chunk(s)",
+        "profiled_predicted_s": rows[0]["plan/predicted_iteration_s"],
+        "calibration_iterations": sum(1 for r in rows if r.get("plan/calibrating")),
         "m2flow_lines": [line for line in output.splitlines() if "[m2flow]" in line],
     }
 
@@ -62,14 +71,16 @@ def summarize(rows: list[dict[str, Any]], output: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", default="maniskill_pushcube_ppo")
-    parser.add_argument("--iterations", type=int, default=8, help="training iterations per run (the first is a warm-up)")
+    parser.add_argument("--iterations", type=int, default=16, help="training iterations per run (the first is a warm-up)")
     parser.add_argument("--name", default="m2flow_learning")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     _, data = load_recipe(args.recipe)
     cfg = apply_overrides(EmbodiedConfig, data, args.overrides)
     steps = args.iterations * cfg.steps_per_iteration
-    overrides = [f"algo.total_env_steps={steps}", "plan.replan_threshold=0", "eval.episodes=1", "eval.num_envs=1",
+    # the whole run's calibration budget over the shorter run
+    share = min(1.0, cfg.plan.calibrate * (cfg.algo.total_env_steps // cfg.steps_per_iteration) / args.iterations)
+    overrides = [f"algo.total_env_steps={steps}", f"plan.calibrate={share:.4f}", "plan.replan_threshold=0", "eval.episodes=1", "eval.num_envs=1",
                  "eval.video=false", "checkpoint.every=0", "logging.tensorboard=false", "logging.wandb=false",
                  "logging.progress=none", *args.overrides]
     runs = {}
@@ -81,7 +92,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             runs[name] = summarize(rows, output)
             r = runs[name]
             print(f"  {r['plan']}: predicted {r['predicted_s']:.3f} s, measured {r['measured_s']:.3f} s "
-                  f"({100 * r['error']:+.1f}%)", flush=True)
+                  f"({100 * r['error']:+.1f}%); the probes priced the first choice ({r['first_choice']}) at "
+                  f"{r['profiled_predicted_s']:.3f} s; {r['calibration_iterations']} calibration iteration(s)", flush=True)
             for line in r["m2flow_lines"]:
                 print(f"    {line}", flush=True)
     result = {

@@ -1,11 +1,14 @@
 """M2Flow per recipe: every candidate plan measured, against its prediction, the planner's choice and the bound.
 
 For each recipe of :data:`SWEEP_RECIPES` (or ``--recipes``): profile (cached per env, policy and
-hardware; ``--reprofile`` measures again), plan, then build the workers of *every* candidate plan
-of the planner's table (each distinct placement, chunk count, offload set and micro-batch, up to
-``--max-chunks`` chunks; the sequential plan always) and run ``--warmup`` untimed then
-``--iterations`` timed training iterations of it, re-planning off. Per recipe it reports each
-candidate's predicted and measured seconds per iteration, the planner's choice against the
+hardware; ``--reprofile`` measures again), plan, and calibrate as a run of the recipe would
+(:mod:`pipelines.calibrate`: the planner's best candidates measured over the first iterations,
+within ``plan.calibrate`` of the recipe's iterations; the plan a run settles on and its corrected
+prediction). Then build the workers of *every* candidate plan of the planner's table (each
+distinct placement, chunk count, offload set and micro-batch, up to ``--max-chunks`` chunks; the
+sequential plan always) afresh and run ``--warmup`` untimed then ``--iterations`` timed training
+iterations of it, re-planning off. Per recipe it reports each candidate's predicted (probes alone,
+and corrected by calibration) and measured seconds per iteration, the run's choice against the
 measured best, the work-conservation bound (``scheduler.bounds``), and how much of the gap
 between sequential and the bound the choice captures.
 
@@ -33,6 +36,7 @@ from benchmarks.common import RESULTS, write_result
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster
 from pipelines.config import EmbodiedConfig
+from pipelines.calibrate import Calibrated
 from pipelines.embodied import EmbodiedWorkflow
 from pipelines.planning import plan_embodied, profile_embodied, resources_of, workflow_of
 from pipelines.recipes import load_recipe
@@ -70,11 +74,6 @@ QUICK_RECIPES = ("cartpole_ppo", "cartpole_grpo")
 FIXED = ("plan.replan_threshold=0", "plan.learn=false", "logging.tensorboard=false", "logging.wandb=false")
 
 
-def plan_key(plan: Plan) -> tuple:
-    return (plan.mode, tuple(sorted((c, tuple(d)) for c, d in plan.placement.items())), plan.num_chunks,
-            tuple(plan.offload), plan.train_microbatch, plan.lanes)
-
-
 def describe(plan: Plan) -> str:
     spans = " ".join(f"{c}:{'-'.join(map(str, (d[0], d[-1]))) if len(d) > 1 else d[0]}{'*' if c in plan.offload else ''}"
                      for c, d in plan.placement.items())
@@ -88,10 +87,26 @@ def candidates(result: Any, sequential: Plan, max_chunks: int) -> list[Plan]:
     out: dict[tuple, Plan] = {}
     for p, _ in result.candidates:
         if p.num_chunks <= max_chunks:
-            out.setdefault(plan_key(p), p)
-    out.setdefault(plan_key(sequential), sequential)
-    out.setdefault(plan_key(result.best), result.best)
+            out.setdefault(p.key(), p)
+    out.setdefault(sequential.key(), sequential)
+    out.setdefault(result.best.key(), result.best)
     return list(out.values())
+
+
+def calibrate(cfg: EmbodiedConfig, cluster: Cluster) -> tuple[Calibrated | None, int]:
+    """Profile (cached), plan and calibrate as a run of ``cfg`` does; what calibration settled on
+    (None when the run is too short to calibrate) and the iterations it took."""
+    workflow = EmbodiedWorkflow(cfg)
+    runner = Runner(cfg, None, workflow)
+    runner.start(cluster)
+    try:
+        iterations = 0
+        while runner.calibrating:
+            runner.calibrate(runner.step())
+            iterations += 1
+        return runner.calibrated, iterations
+    finally:
+        workflow.close()
 
 
 def measure(cfg: EmbodiedConfig, cluster: Cluster, profile: Profile, plan: Plan, warmup: int, iterations: int) -> list[float]:
@@ -122,23 +137,37 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
         result = plan_embodied(cfg, profile)
         workflow, resources = workflow_of(cfg), resources_of(cfg)
         sequential = sequential_plan(workflow, resources, profile)
+        calibrated, calibration_iterations = calibrate(cfg, cluster)
+        chosen_plan = calibrated.plan if calibrated is not None else result.best
+        corrected = {p.key(): s for p, s in calibrated.predictions} if calibrated is not None else {}
+        if calibrated is not None:
+            print(f"  {calibrated.reason}", flush=True)
         plans = candidates(result, sequential, args.max_chunks)
+        if chosen_plan.key() not in {p.key() for p in plans}:
+            plans.append(chosen_plan)
         rows = []
         for i, p in enumerate(plans):
             times = measure(cfg, cluster, profile, p, args.warmup, args.iterations)
             measured = statistics.median(times)
+            predicted = corrected.get(p.key(), p.predicted_iteration_s)
             row = {
                 "plan": describe(p), "mode": p.mode, "chunks": p.num_chunks,
                 "placement": {c: list(d) for c, d in p.placement.items()}, "offload": list(p.offload),
                 "train_microbatch": p.train_microbatch,
-                "predicted_s": p.predicted_iteration_s, "measured_s": measured, "measured_all_s": times,
-                "error": (p.predicted_iteration_s - measured) / measured,
-                "chosen": plan_key(p) == plan_key(result.best), "sequential": plan_key(p) == plan_key(sequential),
+                "profiled_s": p.predicted_iteration_s, "predicted_s": predicted,
+                "measured_s": measured, "measured_all_s": times,
+                "profiled_error": (p.predicted_iteration_s - measured) / measured,
+                "error": (predicted - measured) / measured,
+                "calibrated": calibrated is not None and any(m.plan.key() == p.key() for m in calibrated.measurements),
+                "chosen": p.key() == chosen_plan.key(), "first_choice": p.key() == result.best.key(),
+                "sequential": p.key() == sequential.key(),
             }
             rows.append(row)
-            print(f"  [{i + 1}/{len(plans)}] {row['plan']:<44} predicted {p.predicted_iteration_s:7.3f} s, measured "
-                  f"{measured:7.3f} s ({100 * row['error']:+.1f}%){'  <- chosen' if row['chosen'] else ''}", flush=True)
+            print(f"  [{i + 1}/{len(plans)}] {row['plan']:<44} profiled {p.predicted_iteration_s:7.3f} s, corrected "
+                  f"{predicted:7.3f} s, measured {measured:7.3f} s ({100 * row['error']:+.1f}%)"
+                  f"{'  <- chosen' if row['chosen'] else ''}", flush=True)
     chosen = next(r for r in rows if r["chosen"])
+    first = next(r for r in rows if r["first_choice"])
     seq = next(r for r in rows if r["sequential"])
     best = min(rows, key=lambda r: r["measured_s"])
     bound_s = result.bound.iteration_s if result.bound is not None else None
@@ -148,7 +177,11 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
         "chosen_measured_s": chosen["measured_s"], "best_measured_s": best["measured_s"],
         "chosen_over_best": chosen["measured_s"] / best["measured_s"],
         "chosen_error": chosen["error"],
+        "first_choice": first["plan"], "first_choice_profiled_error": first["profiled_error"],
+        "first_choice_over_best": first["measured_s"] / best["measured_s"],
+        "calibration_iterations": calibration_iterations,
         "max_abs_error": max(abs(r["error"]) for r in rows),
+        "max_abs_profiled_error": max(abs(r["profiled_error"]) for r in rows),
         "sequential_measured_s": seq["measured_s"],
         "speedup_vs_sequential": seq["measured_s"] / chosen["measured_s"],
         "bound_s": bound_s,
@@ -165,24 +198,25 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
 
 def table(results: list[dict[str, Any]]) -> str:
     """The markdown table of docs/benchmarks.md: one row per recipe."""
-    lines = ["| recipe | planner's choice | predicted s | measured s | error | best measured (plan) | choice vs best "
-             "| sequential s | bound s | gap captured | worst error, any plan |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| recipe | plan a run settles on | predicted s | measured s | error | probes' first choice (error) "
+             "| best measured (plan) | choice vs best | sequential s | bound s | gap captured | calibration its |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         s = r["summary"]
         chosen = next(c for c in r["candidates"] if c["chosen"])
         captured = "-" if s["gap_captured"] is None else f"{100 * s['gap_captured']:.0f}%"
         bound = "-" if s["bound_s"] is None else f"{s['bound_s']:.3f}"
         lines.append(f"| {r['label']} | {s['chosen']} | {chosen['predicted_s']:.3f} | {s['chosen_measured_s']:.3f} "
-                     f"| {100 * s['chosen_error']:+.1f}% | {s['best_measured_s']:.3f} ({s['best']}) "
+                     f"| {100 * s['chosen_error']:+.1f}% | {s['first_choice']} ({100 * s['first_choice_profiled_error']:+.1f}%) "
+                     f"| {s['best_measured_s']:.3f} ({s['best']}) "
                      f"| {100 * (s['chosen_over_best'] - 1):+.1f}% | {s['sequential_measured_s']:.3f} | {bound} "
-                     f"| {captured} | {100 * s['max_abs_error']:.1f}% |")
+                     f"| {captured} | {s['calibration_iterations']} |")
     return "\n".join(lines)
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> Path:
-    """One panel per recipe: measured vs predicted seconds per iteration of every candidate, the
-    planner's choice marked, the bound as a dashed line."""
+    """One panel per recipe: seconds per iteration of every candidate as the probes predicted them,
+    as calibration corrected them, and measured; the run's choice marked, the bound dashed."""
     n = len(results)
     fig = Figure(figsize=(11, 2.6 * n + 0.6), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
@@ -190,8 +224,9 @@ def plot(results: list[dict[str, Any]], path: Path) -> Path:
     for ax, r in zip(axes, results):
         rows = sorted(r["candidates"], key=lambda c: c["predicted_s"])
         xs = range(len(rows))
-        ax.bar([x - 0.2 for x in xs], [c["predicted_s"] for c in rows], 0.4, color="#9db7d5", label="predicted")
-        ax.bar([x + 0.2 for x in xs], [c["measured_s"] for c in rows], 0.4,
+        ax.bar([x - 0.27 for x in xs], [c["profiled_s"] for c in rows], 0.27, color="#d9d9d9", label="predicted from the probes")
+        ax.bar(list(xs), [c["predicted_s"] for c in rows], 0.27, color="#9db7d5", label="predicted after calibration")
+        ax.bar([x + 0.27 for x in xs], [c["measured_s"] for c in rows], 0.27,
                color=["#c0392b" if c["chosen"] else "#2f6fb0" for c in rows], label="measured (red: planner's choice)")
         if r["summary"]["bound_s"] is not None:
             ax.axhline(r["summary"]["bound_s"], color="0.3", ls="--", lw=1, label="bound (work conservation)")

@@ -197,6 +197,11 @@ class PlanConfig:
     """Largest chunk count the planner considers."""
     offload: list[str] | None = None
     """Force these components (``trainer``) to offload between phases; None follows the plan."""
+    calibrate: float = 0.1
+    """Calibration before the run settles on a plan: the planner's best candidates run the first
+    training iterations, each for a few, and the fastest measured one is kept, its prediction
+    corrected by what it measured (docs/planner.md#calibration). The most of the run's iterations
+    calibration may take; 0 keeps the planner's first choice and its probe-based prediction."""
     replan_threshold: float = 0.25
     """Re-plan between iterations when the median measured iteration time of a window of
     iterations differs from the prediction by more than this fraction (0 disables re-planning)."""
@@ -208,6 +213,8 @@ class PlanConfig:
     def __post_init__(self) -> None:
         if self.max_chunks < 1:
             raise ValueError(f"plan.max_chunks must be >= 1 (got {self.max_chunks})")
+        if not 0 <= self.calibrate <= 1:
+            raise ValueError(f"plan.calibrate is a share of the run's iterations, in [0, 1] (got {self.calibrate})")
         if self.replan_threshold < 0:
             raise ValueError(f"plan.replan_threshold must be >= 0 (got {self.replan_threshold})")
         if self.offload is not None and set(self.offload) - {"env", "rollout", "trainer"}:

@@ -5,7 +5,8 @@
 The run, in order: seed; open the metrics sinks (``metrics.jsonl``, TensorBoard, wandb); start the
 cluster; profile and plan (``plan.json``, ``profile.json``); build the workflow's workers on the
 plan's layout; continue from the latest checkpoint on ``resume=``; then iterate until the budget is
-spent, with progress, metrics, evaluation every ``eval.every`` iterations, re-planning on drift
+spent, with progress, metrics, evaluation every ``eval.every`` iterations, calibration of the plan
+over the first iterations (:mod:`pipelines.calibrate`), re-planning on drift
 (:mod:`pipelines.replan`) and checkpoints every ``checkpoint.every``; finally a checkpoint, the
 final evaluation (with its video) and ``summary.json``.
 
@@ -34,6 +35,7 @@ from embodied.metrics import MetricsLogger, ResumePoint, read_metrics
 from embodied.progress import Progress
 from embodied.runtime import Cluster
 from embodied.seeding import seed_everything
+from pipelines.calibrate import Calibrated, Calibrator
 from pipelines.learn import CostLearner, describe_provenance
 from pipelines.replan import Replanner
 from pipelines.rundir import RunDir
@@ -56,6 +58,9 @@ class Runner:
         self.profile: Profile | None = None
         self.layout: Layout | None = None
         self.replanner = Replanner(workflow, cfg.plan.replan_threshold)
+        self.calibrator = Calibrator(workflow, cfg.plan.calibrate)
+        self.calibrated: Calibrated | None = None
+        self.planned: PlanResult | None = None  # the planner's first result (its candidates go to plan.json)
         self.learner = CostLearner(workflow, cfg.plan.learn, str(run.path) if run is not None else "?")
         self.doing = "starting"  # what the run is doing, for failure messages
         self.stop_signal: int | None = None  # a first Ctrl-C / SIGTERM: stop after this iteration
@@ -73,11 +78,16 @@ class Runner:
         self.learner.start(self.profile)
         LOG.debug(f"[m2flow] {describe_provenance(self.profile)}")
         result = self.workflow.plan(self.profile)
+        self.planned = result
         self.layout = self.workflow.layout_of(result.best)
         LOG.debug("[m2flow] candidate plans (predicted seconds per iteration):\n" + result.format_table(limit=8))
         bound = f"; no plan below {result.bound.iteration_s:.3f} s" if result.bound is not None else ""
+        left = max(0, self.workflow.total_steps - self.steps) // max(1, self.workflow.steps_per_iteration)
+        self.calibrator.start(result, self.profile, left)
+        calibrating = (f"; calibrating: the first iterations measure it and the candidates that may beat it "
+                       f"(up to {self.calibrator.budget} iterations)") if self.calibrator.active else ""
         LOG.info(f"[m2flow] chosen: {result.best.mode}, {result.best.num_chunks} chunk(s), "
-                 f"predicted {result.best.predicted_iteration_s:.3f} s/iteration{bound}")
+                 f"predicted {result.best.predicted_iteration_s:.3f} s/iteration{bound}{calibrating}")
         return result
 
     def start(self, cluster: Cluster) -> PlanResult | None:
@@ -156,6 +166,7 @@ class Runner:
                         self.doing = f"evaluating after iteration {self.iteration}"
                         metrics.update(self.workflow.evaluate(video_dir=None))
                     self.learn(metrics)
+                    self.calibrate(metrics)
                     self.watch_plan(metrics)
                     logger.log(metrics, step=self.steps)
                     progress.update(self.steps, metrics)
@@ -246,16 +257,40 @@ class Runner:
             if metrics is not None:
                 metrics.update({f"plan/learned_{name}_factor": f for name, f in learned.factors.items()})
 
+    @property
+    def calibrating(self) -> bool:
+        """Whether the run is still measuring candidate plans (:mod:`pipelines.calibrate`)."""
+        return self.calibrator.active and self.layout is not None
+
+    def calibrate(self, metrics: dict[str, Any]) -> None:
+        """Calibration (see :mod:`pipelines.calibrate`): after the iteration just run, switch to
+        the next candidate, or settle on the fastest measured plan and its corrected prediction."""
+        if not self.calibrating:
+            return
+        assert self.layout is not None
+        metrics["plan/calibrating"] = True
+        step = self.calibrator.observe(self.iteration, metrics, self.layout)
+        if step is None:
+            return
+        self.workflow.switch(step.layout)
+        self.layout = step.layout
+        if step.settled is not None:
+            self.profile = step.settled.profile
+            self.calibrated = step.settled
+            LOG.info(f"[m2flow] {step.settled.reason}")
+            metrics["plan/calibrated"] = step.settled.reason
+            self.save_plan(None)
+
     def watch_plan(self, metrics: dict[str, Any]) -> None:
-        """Re-plan when the measured iterations drift from the prediction (see :mod:`pipelines.replan`)."""
-        if self.profile is None or self.layout is None:
+        """Re-plan when the measured iterations drift from the prediction (see :mod:`pipelines.replan`);
+        not while calibrating (its iterations run other candidates on purpose)."""
+        if self.profile is None or self.layout is None or metrics.get("plan/calibrating"):
             return
         outcome = self.replanner.observe(self.iteration, metrics, self.profile, self.layout)
         if outcome is None:
             return
         self.profile = outcome.profile
-        if outcome.changed:
-            self.workflow.apply(outcome.layout)
+        self.workflow.switch(outcome.layout)
         self.layout = outcome.layout
         if outcome.reason:
             LOG.info(f"[m2flow] {outcome.reason}")
@@ -263,11 +298,15 @@ class Runner:
             self.save_plan(None)
 
     def save_plan(self, result: PlanResult | None) -> None:
-        """Write the plan being executed (and the candidates it beat) to ``plan.json``."""
+        """Write the plan being executed (and the candidates it beat, and what calibration
+        measured) to ``plan.json``."""
         if self.run_dir is None or self.layout is None:
             return
+        result = result or self.planned
         data: dict[str, Any] = {"plan": self.layout.plan.to_dict(), "planned": self.profile is not None,
                                 "layout": self.layout.to_dict(), "workers": self.workflow.locations()}
+        if self.calibrated is not None:
+            data["calibration"] = self.calibrated.to_dict()
         if result is not None:
             data["candidates"] = [
                 {"mode": m, "chunks": k, "placement": p, "predicted_s": t, "mean_utilization": u} for m, k, p, t, u in result.table()

@@ -49,6 +49,7 @@ class Workflow(ABC):
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
         self.machine_: Machine | None = None
+        self.layout: Layout | None = None  # what the workers run (set by build and apply)
 
     def preflight(self) -> tuple[Any, ...]:
         """Check the config's inputs (files, models, envs) before a run dir is written; raise a
@@ -128,6 +129,14 @@ class Workflow(ABC):
     @abstractmethod
     def apply(self, layout: Layout) -> None:
         """Reconfigure the running workers for a new layout (between iterations)."""
+
+    def switch(self, layout: Layout) -> None:
+        """Run ``layout`` from the next iteration: reconfigure the workers (:meth:`apply`) when its
+        micro flow differs from the one running, else only take its plan's new prediction."""
+        if self.layout is not None and self.layout.plan.key() == layout.plan.key():
+            self.layout = layout
+        else:
+            self.apply(layout)
 
     @abstractmethod
     def iterate(self, iteration: int, lr: float, last: bool) -> dict[str, Any]:

@@ -61,6 +61,11 @@ class Plan:
         if unknown:
             raise ValueError(f"Plan.offload names components that are not placed: {unknown}")
 
+    def key(self) -> tuple:
+        """What makes two plans the same micro flow (everything but the prediction)."""
+        return (self.mode, tuple(sorted(self.placement.items())), self.num_chunks, self.train_microbatch,
+                tuple(self.offload), self.lanes)
+
     def to_dict(self) -> dict[str, Any]:
         predicted = self.predicted_iteration_s
         return {

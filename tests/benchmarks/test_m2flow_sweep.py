@@ -34,10 +34,11 @@ def test_table_reports_choice_vs_best_and_the_gap_captured():
     ]
     summary = {"chosen": "hybrid 2ch", "best": "hybrid 3ch", "chosen_measured_s": 1.6, "best_measured_s": 1.5,
                "chosen_over_best": 1.6 / 1.5, "chosen_error": -0.0625, "max_abs_error": 0.0667,
+               "first_choice": "colocated 1ch", "first_choice_profiled_error": -0.25, "calibration_iterations": 6,
                "sequential_measured_s": 2.0, "speedup_vs_sequential": 1.25, "bound_s": 1.2, "gap_captured": 0.5}
     md = sweep.table([{"label": "toy", "candidates": rows, "summary": summary}])
-    assert md.splitlines()[-1] == ("| toy | hybrid 2ch | 1.500 | 1.600 | -6.2% | 1.500 (hybrid 3ch) | +6.7% | 2.000 | 1.200 "
-                                   "| 50% | 6.7% |")
+    assert md.splitlines()[-1] == ("| toy | hybrid 2ch | 1.500 | 1.600 | -6.2% | colocated 1ch (-25.0%) | 1.500 (hybrid 3ch) "
+                                   "| +6.7% | 2.000 | 1.200 | 50% | 6 |")
 
 
 @pytest.mark.slow
@@ -55,6 +56,10 @@ def test_quick_sweep_measures_every_candidate_of_a_recipe(tmp_path, monkeypatch)
     assert len(rows) >= 2 and all(r["chunks"] == 1 and r["measured_s"] > 0 and len(r["measured_all_s"]) == 1 for r in rows)
     assert len({r["plan"] + str(r["train_microbatch"]) for r in rows}) == len(rows)
     summary = recipe["summary"]
+    # calibration ran as in a run of the recipe: the choice is a plan it measured, priced by what it measured
+    chosen = next(r for r in rows if r["chosen"])
+    assert summary["calibration_iterations"] >= 2 and chosen["calibrated"]
+    assert chosen["predicted_s"] != chosen["profiled_s"]
     assert summary["best_measured_s"] == min(r["measured_s"] for r in rows)
     assert summary["chosen_over_best"] >= 1.0
     saved = json.loads((tmp_path / "m2flow_sweep_quick.json").read_text())

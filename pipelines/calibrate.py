@@ -1,0 +1,232 @@
+"""Calibration: before a run settles on a plan, the planner's best candidates are measured in the pipeline.
+
+The probes price each component alone. In the pipeline a component shares cores, channels and
+processes with its neighbours, and the runtime spends seconds of its own in every iteration
+(driver calls, weight sync, metrics) that no component's call accounts for. Calibration measures
+both on the run itself. The run's first iterations (real training iterations, logged as usual)
+run under the planner's candidates, the fastest predicted first; after the run's first iteration
+(a warm-up: resets, first calls), each candidate runs :func:`iterations_for` iterations. Each
+measured plan gives
+
+* its **factors**: measured / profiled seconds per call of every component under that plan (the
+  workflow's ``measured_factors``: the same calls, with the neighbours the plan gives them), and
+* its **residual**: the measured iteration minus the planner's prediction from the profile
+  rescaled by those factors (the runtime's own seconds per iteration).
+
+Every candidate is then priced again by the pure planner (:func:`scheduler.predict`) on the profile
+rescaled by the factors of the measured plan most like it (same placement, else same mode, else
+the one measured first), plus that plan's residual. The next candidate measured is the fastest by
+these corrected predictions, while one could still beat the best measured plan by the model
+(within :data:`MARGIN`) and the budget allows (``plan.calibrate``: the share of the run's
+iterations calibration may take). Then the run settles on the fastest measured plan, whose
+prediction is its corrected one. ``plan.calibrate=0`` turns calibration off: the run keeps the
+planner's choice and its probe-based prediction (re-planning on drift still applies).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from pipelines.replan import rescale
+from pipelines.workflow import Layout, Workflow
+from scheduler import Plan, PlanResult, Profile, predict
+
+#: a measured plan gets at least this many seconds of iterations (short iterations are noisy) ...
+MEASURE_S = 1.0
+#: ... within these many iterations
+MIN_ITERATIONS, MAX_ITERATIONS = 2, 5
+#: a candidate is measured while its corrected prediction is below (1 + MARGIN) x the best measured
+MARGIN = 0.05
+
+
+def iterations_for(plan: Plan) -> int:
+    """Iterations a candidate is measured for: about :data:`MEASURE_S` seconds of them."""
+    predicted = plan.predicted_iteration_s
+    if not predicted > 0:
+        return MIN_ITERATIONS
+    return max(MIN_ITERATIONS, min(MAX_ITERATIONS, math.ceil(MEASURE_S / predicted)))
+
+
+def describe_plan(plan: Plan) -> str:
+    """E.g. ``colocated/2ch env:0-1 rollout:0-1 trainer:0-1``."""
+    return f"{plan.mode}/{plan.num_chunks}ch {plan.placement_str()}"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One candidate measured in the pipeline."""
+
+    plan: Plan
+    """The candidate as the planner priced it from the profile."""
+    iteration_s: float
+    """Median measured seconds per iteration."""
+    factors: dict[str, float]
+    """Component -> median measured / profiled seconds per call under this plan."""
+    residual_s: float
+    """Measured seconds per iteration beyond the planner's prediction from the rescaled profile."""
+    iterations: tuple[int, ...]
+    """The run's iterations (1-based) it was measured on."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"plan": self.plan.to_dict(), "iteration_s": self.iteration_s, "factors": dict(self.factors),
+                "residual_s": self.residual_s, "iterations": list(self.iterations)}
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """What calibration settled on: the plan (its prediction the corrected one), the profile
+    rescaled by that plan's factors, every measurement, and each candidate's prices."""
+
+    plan: Plan
+    profile: Profile
+    measurements: tuple[Measurement, ...]
+    predictions: tuple[tuple[Plan, float], ...]
+    """Every candidate with its corrected prediction (fastest first)."""
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "chosen": self.plan.to_dict(),
+            "measured": [m.to_dict() for m in self.measurements],
+            "candidates": [{"plan": p.to_dict(), "profiled_s": p.predicted_iteration_s, "corrected_s": s}
+                           for p, s in self.predictions],
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class CalibrationStep:
+    """What the runner does before the next iteration: run ``layout`` (another candidate, or the
+    settled plan), and when ``settled`` is set calibration is over."""
+
+    layout: Layout
+    settled: Calibrated | None = None
+
+
+class Calibrator:
+    """Drives calibration over a run's first iterations (see the module docstring). ``share``:
+    the most of the run's iterations calibration may take (``plan.calibrate``)."""
+
+    def __init__(self, workflow: Workflow, share: float) -> None:
+        self.workflow = workflow
+        self.share = share
+        self.profile: Profile | None = None
+        self.candidates: list[Plan] = []
+        self.measured: dict[tuple, Measurement] = {}
+        self.current: Plan | None = None
+        self.budget = 0
+        self.spent = 0
+        self.warmed = False
+        self.samples: list[tuple[int, dict[str, Any]]] = []
+        self.active = False
+
+    def start(self, result: PlanResult, profile: Profile, iterations_left: int) -> None:
+        """Calibrate among ``result``'s candidates (the distinct micro flows, fastest predicted
+        first; the planner's choice first of all) within ``share`` of ``iterations_left``."""
+        self.profile = profile
+        seen: dict[tuple, Plan] = {result.best.key(): result.best}
+        for plan, _ in result.candidates:
+            seen.setdefault(plan.key(), plan)
+        self.candidates = list(seen.values())
+        self.measured.clear()
+        self.samples.clear()
+        self.current = result.best
+        self.budget = int(self.share * iterations_left)
+        self.spent = 0
+        self.warmed = False
+        self.active = self.share > 0 and self.budget >= iterations_for(result.best)
+
+    def corrected(self, plan: Plan) -> float | None:
+        """``plan``'s predicted seconds per iteration corrected by the measured plan most like it
+        (None before any plan is measured)."""
+        model = self._closest(plan)
+        if model is None:
+            return None
+        return self._predict(plan, model.factors) + model.residual_s
+
+    def observe(self, iteration: int, metrics: dict[str, Any], layout: Layout) -> CalibrationStep | None:
+        """Record iteration ``iteration`` (1-based, run under ``layout``); returns the layout to
+        run next when this iteration completed a measurement (None: go on as is)."""
+        if not self.active:
+            return None
+        if not self.warmed:
+            self.warmed = True  # the run's first iteration: resets and first calls
+            return None
+        if metrics.get("time/train_s") is None:  # nothing trained (staleness 1's first collection)
+            return None
+        assert self.current is not None and layout.plan.key() == self.current.key()
+        self.samples.append((iteration, metrics))
+        self.spent += 1
+        if len(self.samples) < iterations_for(self.current):
+            return None
+        measurement = self._measure(self.current, layout, self.samples)
+        self.measured[self.current.key()] = measurement
+        self.samples = []
+        following = self._next()
+        if following is not None:
+            self.current = following
+            return CalibrationStep(self.workflow.layout_of(following))
+        self.active = False
+        settled = self._settle()
+        return CalibrationStep(self.workflow.layout_of(settled.plan), settled)
+
+    # --- internals ---------------------------------------------------------------------------------
+    def _predict(self, plan: Plan, factors: dict[str, float]) -> float:
+        assert self.profile is not None
+        seconds, _ = predict(plan, rescale(self.profile, factors), self.workflow.planner_workflow(), self.workflow.resources())
+        return seconds
+
+    def _measure(self, plan: Plan, layout: Layout, samples: list[tuple[int, dict[str, Any]]]) -> Measurement:
+        assert self.profile is not None
+        per_call = [self.workflow.measured_factors(self.profile, layout, m) for _, m in samples]
+        names = sorted({n for f in per_call for n in f})
+        factors = {n: statistics.median(f[n] for f in per_call if n in f) for n in names}
+        seconds = statistics.median(m["time/iteration_s"] for _, m in samples)
+        residual = seconds - self._predict(plan, factors)
+        return Measurement(plan, seconds, factors, residual, tuple(i for i, _ in samples))
+
+    def _closest(self, plan: Plan) -> Measurement | None:
+        """The measurement whose conditions are most like ``plan``'s: itself, then the same
+        placement, then the same mode, then the first measured."""
+        if not self.measured:
+            return None
+        measured = list(self.measured.values())
+        for alike in (lambda m: m.plan.key() == plan.key(), lambda m: m.plan.placement == plan.placement,
+                      lambda m: m.plan.mode == plan.mode):
+            found = [m for m in measured if alike(m)]
+            if found:
+                return min(found, key=lambda m: abs(m.plan.num_chunks - plan.num_chunks))
+        return measured[0]
+
+    def _ranked(self) -> list[tuple[Plan, float]]:
+        priced = [(p, self.corrected(p)) for p in self.candidates]
+        return sorted(((p, s) for p, s in priced if s is not None), key=lambda ps: ps[1])
+
+    def _next(self) -> Plan | None:
+        best = min(m.iteration_s for m in self.measured.values())
+        left = self.budget - self.spent
+        for plan, seconds in self._ranked():
+            if seconds >= best * (1 + MARGIN):
+                return None
+            if plan.key() not in self.measured and iterations_for(plan) <= left:
+                return plan
+        return None
+
+    def _settle(self) -> Calibrated:
+        assert self.profile is not None
+        ranked = self._ranked()
+        best = min(self.measured.values(), key=lambda m: m.iteration_s)
+        plan = dataclasses.replace(best.plan, predicted_iteration_s=self.corrected(best.plan))
+        first = min(i for m in self.measured.values() for i in m.iterations)
+        last = max(i for m in self.measured.values() for i in m.iterations)
+        runs = ", ".join(f"{describe_plan(m.plan)} {m.iteration_s:.3f} s (profiled {m.plan.predicted_iteration_s:.3f})"
+                         for m in self.measured.values())
+        factors = ", ".join(f"{n} {f:.2f}x" for n, f in best.factors.items())
+        reason = (f"calibrated on iterations {first}-{last}: {runs}; chosen {describe_plan(plan)}, predicted "
+                  f"{plan.predicted_iteration_s:.3f} s/iteration (measured/profiled per call: {factors}; runtime "
+                  f"{best.residual_s:+.3f} s/iteration)")
+        return Calibrated(plan, rescale(self.profile, best.factors), tuple(self.measured.values()), tuple(ranked), reason)

@@ -1,0 +1,153 @@
+"""Calibration: the planner's best candidates measured in the pipeline before a run settles (pipelines/calibrate.py).
+
+A stand-in pipeline prices every component's calls at the profile times a factor that depends on
+the plan's mode (what the probes cannot see: neighbours sharing cores), plus seconds of its own per
+iteration; the calibrator sees only the metrics an iteration reports.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from embodied.config import apply_overrides
+from embodied.errors import ConfigError
+from pipelines.calibrate import MARGIN, Calibrator, iterations_for
+from pipelines.config import EmbodiedConfig
+from pipelines.embodied import EmbodiedWorkflow
+from pipelines.replan import rescale
+from pipelines.workflow import Layout
+from scheduler import ComponentProfile, CostModel, Plan, Profile, predict
+
+METRIC = {"env": "time/sim_s", "rollout": "time/infer_s", "trainer": "time/train_s"}
+
+
+def _workflow() -> EmbodiedWorkflow:
+    cfg = apply_overrides(EmbodiedConfig, {}, ["env.id=CartPole-v1", "env.num_envs=8", "algo.rollout_steps=16",
+                                               "algo.epochs=2", "algo.num_minibatches=4", "cluster.num_cpus=2",
+                                               "plan.max_chunks=2"])
+    return EmbodiedWorkflow(cfg)
+
+
+def _profile() -> Profile:
+    return Profile({
+        "env": ComponentProfile("env", CostModel(0.0, 0.01, 0.0)),
+        "rollout": ComponentProfile("rollout", CostModel(0.004, 0.0, 0.0)),
+        "trainer": ComponentProfile("trainer", CostModel(0.0, 0.001, 1.0)),
+    })
+
+
+class Pipeline:
+    """Runs an iteration of ``layout`` as the stand-in machine would: each component's calls cost
+    the profile's times ``slowdown[mode][component]``, the iteration the planner's simulation of
+    those costs plus ``runtime_s``."""
+
+    def __init__(self, workflow: EmbodiedWorkflow, profile: Profile, slowdown: dict[str, dict[str, float]], runtime_s: float):
+        self.workflow, self.profile, self.slowdown, self.runtime_s = workflow, profile, slowdown, runtime_s
+
+    def factors(self, plan: Plan) -> dict[str, float]:
+        return self.slowdown.get(plan.mode, {})
+
+    def iteration_s(self, plan: Plan) -> float:
+        seconds, _ = predict(plan, rescale(self.profile, self.factors(plan)), self.workflow.planner_workflow(),
+                             self.workflow.resources())
+        return seconds + self.runtime_s
+
+    def run(self, layout: Layout) -> dict:
+        # profiled seconds of each component in this iteration: what 1 s measured would be a factor of
+        unit = self.workflow.measured_factors(self.profile, layout, {key: 1.0 for key in METRIC.values()})
+        metrics = {METRIC[c]: self.factors(layout.plan).get(c, 1.0) / unit[c] for c in METRIC}
+        metrics["time/iteration_s"] = self.iteration_s(layout.plan)
+        return metrics
+
+
+def _calibrate(calibrator: Calibrator, pipeline: Pipeline, layout: Layout, limit: int = 100):
+    """Iterate until calibration settles; returns (settled, layouts run per iteration)."""
+    runs = []
+    for iteration in range(1, limit + 1):
+        runs.append(layout.plan)
+        step = calibrator.observe(iteration, pipeline.run(layout), layout)
+        if step is not None:
+            layout = step.layout
+            if step.settled is not None:
+                return step.settled, runs
+    raise AssertionError("calibration did not settle")
+
+
+def test_calibration_finds_the_plan_the_probes_misprice_and_predicts_it():
+    """Colocated plans pay a 3x rollout the probes did not see; calibration measures the
+    planner's choice, finds it slower than priced, measures the candidates that may beat it and
+    settles on the truly fastest, with a prediction that matches what it then measures."""
+    workflow, profile = _workflow(), _profile()
+    result = workflow.plan(profile)
+    pipeline = Pipeline(workflow, profile, {"colocated": {"rollout": 3.0, "env": 1.2}}, runtime_s=0.02)
+    calibrator = Calibrator(workflow, share=0.5)
+    calibrator.start(result, profile, iterations_left=100)
+    assert calibrator.active and calibrator.budget == 50
+    settled, runs = _calibrate(calibrator, pipeline, workflow.layout_of(result.best))
+
+    truth = {p.key(): pipeline.iteration_s(p) for p, _ in result.candidates}
+    fastest = min(truth.values())
+    assert truth[settled.plan.key()] == pytest.approx(fastest)
+    assert settled.plan.predicted_iteration_s == pytest.approx(truth[settled.plan.key()])
+    # the first iteration is the warm-up: run under the planner's choice, measured by nobody
+    assert runs[0].key() == result.best.key()
+    assert settled.measurements[0].iterations[0] == 2
+    assert len(runs) - 1 <= calibrator.budget
+    # each measurement: its factors and the runtime's own seconds, recovered from the metrics
+    for m in settled.measurements:
+        expected = pipeline.factors(m.plan)
+        assert m.factors == pytest.approx({c: expected.get(c, 1.0) for c in METRIC})
+        assert m.residual_s == pytest.approx(0.02)
+        assert len(m.iterations) == iterations_for(m.plan)
+    # every candidate priced like its measured neighbours: unmeasured plans of a measured mode exactly
+    measured_modes = {m.plan.mode for m in settled.measurements}
+    for plan, seconds in settled.predictions:
+        if plan.mode in measured_modes:
+            assert seconds == pytest.approx(truth[plan.key()])
+    # the settled profile carries the chosen plan's factors
+    chosen_factors = pipeline.factors(settled.plan)
+    assert settled.profile["rollout"].cost.fixed_s == pytest.approx(0.004 * chosen_factors.get("rollout", 1.0))
+
+
+def test_calibration_measures_only_the_candidates_that_may_beat_the_choice():
+    """The machine runs as profiled: calibration measures the planner's choice and the candidates
+    priced within the margin of it, no other, and keeps the fastest with its prediction unchanged."""
+    workflow, profile = _workflow(), _profile()
+    result = workflow.plan(profile)
+    pipeline = Pipeline(workflow, profile, {}, runtime_s=0.0)
+    calibrator = Calibrator(workflow, share=0.5)
+    calibrator.start(result, profile, iterations_left=100)
+    settled, runs = _calibrate(calibrator, pipeline, workflow.layout_of(result.best))
+    fastest = min(p.predicted_iteration_s for p, _ in result.candidates)
+    close = {p.key() for p, _ in result.candidates if p.predicted_iteration_s < fastest * (1 + MARGIN)}
+    assert {m.plan.key() for m in settled.measurements} == close | {result.best.key()}
+    assert settled.measurements[0].plan.key() == result.best.key()
+    assert settled.plan.predicted_iteration_s == pytest.approx(fastest)
+    assert not calibrator.active
+    layout = workflow.layout_of(settled.plan)
+    assert calibrator.observe(len(runs) + 1, pipeline.run(layout), layout) is None
+
+
+def test_calibration_spends_at_most_its_share_and_is_off_at_zero():
+    workflow, profile = _workflow(), _profile()
+    result = workflow.plan(profile)
+    pipeline = Pipeline(workflow, profile, {"colocated": {"rollout": 3.0}, "hybrid": {"env": 2.0},
+                                            "disaggregated": {"trainer": 2.0}}, runtime_s=0.0)
+    calibrator = Calibrator(workflow, share=0.1)
+    calibrator.start(result, profile, iterations_left=60)  # 6 iterations: room for 1-3 plans
+    settled, runs = _calibrate(calibrator, pipeline, workflow.layout_of(result.best))
+    assert sum(len(m.iterations) for m in settled.measurements) <= 6
+    assert len(runs) - 1 <= 6
+
+    off = Calibrator(workflow, share=0.0)
+    off.start(result, profile, iterations_left=1000)
+    assert not off.active
+    assert off.observe(1, pipeline.run(workflow.layout_of(result.best)), workflow.layout_of(result.best)) is None
+    short = Calibrator(workflow, share=0.1)
+    short.start(result, profile, iterations_left=iterations_for(result.best) * 10 - 1)  # less than one measurement
+    assert not short.active
+
+
+def test_config_rejects_a_share_outside_zero_to_one():
+    with pytest.raises(ConfigError, match="plan.calibrate"):
+        apply_overrides(EmbodiedConfig, {}, ["plan.calibrate=1.5"])
