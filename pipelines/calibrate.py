@@ -123,6 +123,8 @@ class Calibrator:
         self.warmed = False
         self.samples: list[tuple[int, dict[str, Any]]] = []
         self.active = False
+        self.ranked: list[tuple[Plan, float]] = []
+        self.ranked_after = -1  # the number of measurements self.ranked was priced with
 
     def start(self, result: PlanResult, profile: Profile, iterations_left: int) -> None:
         """Calibrate among ``result``'s candidates (the distinct micro flows, fastest predicted
@@ -134,6 +136,7 @@ class Calibrator:
         self.candidates = list(seen.values())
         self.measured.clear()
         self.samples.clear()
+        self.ranked_after = -1
         self.current = result.best
         self.budget = int(self.share * iterations_left)
         self.spent = 0
@@ -203,8 +206,13 @@ class Calibrator:
         return measured[0]
 
     def _ranked(self) -> list[tuple[Plan, float]]:
-        priced = [(p, self.corrected(p)) for p in self.candidates]
-        return sorted(((p, s) for p, s in priced if s is not None), key=lambda ps: ps[1])
+        """The candidates by corrected price, fastest first (priced once per new measurement: a
+        long iteration's simulation is not free)."""
+        if self.ranked_after != len(self.measured):
+            priced = [(p, self.corrected(p)) for p in self.candidates]
+            self.ranked = sorted(((p, s) for p, s in priced if s is not None), key=lambda ps: ps[1])
+            self.ranked_after = len(self.measured)
+        return self.ranked
 
     def _next(self) -> Plan | None:
         best = min(m.iteration_s for m in self.measured.values())

@@ -280,6 +280,34 @@ def test_replans_when_the_simulator_slows_down(tmp_path):
 
 
 @pytest.mark.slow
+def test_calibration_measures_candidates_first_and_settles_on_the_fastest(tmp_path):
+    """The first iterations run the planner's best candidates; the run keeps the fastest one it
+    measured, predicts it from that measurement, and says so in the log, the metrics and plan.json."""
+    run = tmp_path / "calibrate"
+    result = embodied("train", "cartpole_ppo", "algo.total_env_steps=12800", "plan.calibrate=0.5", "plan.replan_threshold=0",
+                      f"run.dir={run}", "logging.wandb=false", "eval.episodes=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[m2flow] calibrated on iterations 2-" in result.stderr
+    calibration = json.loads((run / "plan.json").read_text())["calibration"]
+    measured = calibration["measured"]
+    fastest = min(measured, key=lambda m: m["iteration_s"])
+    chosen = calibration["chosen"]
+    assert {k: chosen[k] for k in ("mode", "placement", "num_chunks")} == {k: fastest["plan"][k] for k in ("mode", "placement", "num_chunks")}
+    assert chosen["predicted_iteration_s"] == pytest.approx(fastest["iteration_s"])
+    assert len(calibration["candidates"]) >= len(measured)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    calibrating = [r["iteration"] for r in rows if r.get("plan/calibrating")]
+    # the warm-up, then each measured plan's iterations, back to back from the start
+    assert calibrating == list(range(1, len(calibrating) + 1))
+    assert len(calibrating) == 1 + sum(len(m["iterations"]) for m in measured) <= 1 + 25
+    settled = [r for r in rows if r.get("plan/calibrated")]
+    assert len(settled) == 1 and settled[0]["iteration"] == calibrating[-1]
+    after = rows[len(calibrating):]
+    assert after and all(r["plan/predicted_iteration_s"] == pytest.approx(chosen["predicted_iteration_s"]) for r in after)
+    assert {(r["plan/mode"], r["plan/chunks"]) for r in after} == {(chosen["mode"], chosen["num_chunks"])}
+
+
+@pytest.mark.slow
 def test_default_recipe_runs_on_maniskill_and_leaves_a_video(tmp_path):
     """`embodied train` with no recipe is ManiSkill PushCube (a few iterations here): the real CPU
     simulator in worker processes, a plan, an evaluation with success, and an mp4 of it."""
