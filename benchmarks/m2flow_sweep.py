@@ -7,7 +7,8 @@ within ``plan.calibrate`` of the recipe's iterations; the plan a run settles on 
 prediction). Then build the workers of *every* candidate plan of the planner's table (each
 distinct placement, chunk count, offload set and micro-batch, up to ``--max-chunks`` chunks; the
 sequential plan always) afresh and run ``--warmup`` untimed then ``--iterations`` timed training
-iterations of it, re-planning off. Per recipe it reports each candidate's predicted (probes alone,
+iterations of it (at least as many as calibration measures a plan for: about 0.5 s of them),
+re-planning off. Per recipe it reports each candidate's predicted (probes alone,
 and corrected by calibration) and measured seconds per iteration, the run's choice against the
 measured best, the work-conservation bound (``scheduler.bounds``), and how much of the gap
 between sequential and the bound the choice captures.
@@ -36,7 +37,7 @@ from benchmarks.common import RESULTS, write_result
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster
 from pipelines.config import EmbodiedConfig
-from pipelines.calibrate import Calibrated
+from pipelines.calibrate import Calibrated, iterations_for
 from pipelines.embodied import EmbodiedWorkflow
 from pipelines.planning import plan_embodied, profile_embodied, resources_of, workflow_of
 from pipelines.recipes import load_recipe
@@ -147,7 +148,8 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
             plans.append(chosen_plan)
         rows = []
         for i, p in enumerate(plans):
-            times = measure(cfg, cluster, profile, p, args.warmup, args.iterations)
+            # short iterations are noisy: at least as many as calibration measures a plan for
+            times = measure(cfg, cluster, profile, p, args.warmup, max(args.iterations, iterations_for(p)))
             measured = statistics.median(times)
             predicted = corrected.get(p.key(), p.predicted_iteration_s)
             row = {

@@ -14,8 +14,10 @@ measured plan gives
   rescaled by those factors (the runtime's own seconds per iteration).
 
 Every candidate is then priced again by the pure planner (:func:`scheduler.predict`) on the profile
-rescaled by the factors of the measured plan most like it (same placement, else same mode, else
-the one measured first), plus that plan's residual. The next candidate measured is the fastest by
+rescaled by measured factors, each component's from the measured plan that ran it most like the
+candidate does (beside the most alike neighbours: the components sharing its devices, then on as
+many devices, then on the same ones), plus the residual of the measured plan most like the
+candidate (same placement, else same mode, else the one measured first). The next candidate measured is the fastest by
 these corrected predictions, while one could still beat the best measured plan by the model
 (within :data:`MARGIN`) and the budget allows (``plan.calibrate``: the share of the run's
 iterations calibration may take). Then the run settles on the fastest measured plan, whose
@@ -29,6 +31,7 @@ import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from pipelines.replan import rescale
@@ -36,9 +39,9 @@ from pipelines.workflow import Layout, Workflow
 from scheduler import Plan, PlanResult, Profile, predict
 
 #: a measured plan gets at least this many seconds of iterations (short iterations are noisy) ...
-MEASURE_S = 1.0
+MEASURE_S = 0.5
 #: ... within these many iterations
-MIN_ITERATIONS, MAX_ITERATIONS = 2, 5
+MIN_ITERATIONS, MAX_ITERATIONS = 2, 10
 #: a candidate is measured while its corrected prediction is below (1 + MARGIN) x the best measured
 MARGIN = 0.05
 
@@ -49,6 +52,22 @@ def iterations_for(plan: Plan) -> int:
     if not predicted > 0:
         return MIN_ITERATIONS
     return max(MIN_ITERATIONS, min(MAX_ITERATIONS, math.ceil(MEASURE_S / predicted)))
+
+
+def _neighbours(plan: Plan, component: str) -> frozenset[str]:
+    """The other components that share a device with ``component`` under ``plan``."""
+    mine = set(plan.placement[component])
+    return frozenset(c for c, devices in plan.placement.items() if c != component and mine & set(devices))
+
+
+def _most_alike(measured: list[Measurement], plan: Plan, rules: tuple[Callable[[Measurement], bool], ...]) -> Measurement:
+    """The first measurement the strongest matching rule finds (the nearest chunk count among
+    them); the first measured when none matches."""
+    for alike in rules:
+        found = [m for m in measured if alike(m)]
+        if found:
+            return min(found, key=lambda m: abs(m.plan.num_chunks - plan.num_chunks))
+    return measured[0]
 
 
 def describe_plan(plan: Plan) -> str:
@@ -144,12 +163,19 @@ class Calibrator:
         self.active = self.share > 0 and self.budget >= iterations_for(result.best)
 
     def corrected(self, plan: Plan) -> float | None:
-        """``plan``'s predicted seconds per iteration corrected by the measured plan most like it
-        (None before any plan is measured)."""
+        """``plan``'s predicted seconds per iteration corrected by the measurements: each
+        component's factor from the measured plan that ran it most like ``plan`` does, the
+        runtime residual from the measured plan most like ``plan`` (None before any plan is
+        measured)."""
         model = self._closest(plan)
         if model is None:
             return None
-        return self._predict(plan, model.factors) + model.residual_s
+        factors = {}
+        for component in plan.placement:
+            source = self._ran_alike(plan, component)
+            if component in source.factors:
+                factors[component] = source.factors[component]
+        return self._predict(plan, factors) + model.residual_s
 
     def observe(self, iteration: int, metrics: dict[str, Any], layout: Layout) -> CalibrationStep | None:
         """Record iteration ``iteration`` (1-based, run under ``layout``); returns the layout to
@@ -197,13 +223,27 @@ class Calibrator:
         placement, then the same mode, then the first measured."""
         if not self.measured:
             return None
-        measured = list(self.measured.values())
-        for alike in (lambda m: m.plan.key() == plan.key(), lambda m: m.plan.placement == plan.placement,
-                      lambda m: m.plan.mode == plan.mode):
-            found = [m for m in measured if alike(m)]
-            if found:
-                return min(found, key=lambda m: abs(m.plan.num_chunks - plan.num_chunks))
-        return measured[0]
+        return _most_alike(list(self.measured.values()), plan, (
+            lambda m: m.plan.key() == plan.key(),
+            lambda m: m.plan.placement == plan.placement,
+            lambda m: m.plan.mode == plan.mode,
+        ))
+
+    def _ran_alike(self, plan: Plan, component: str) -> Measurement:
+        """The measurement that ran ``component`` most like ``plan`` does: the plan itself, else
+        the one whose neighbours of ``component`` (the components sharing its devices) overlap
+        most with ``plan``'s, then on as many devices, then on the same ones, then the nearest
+        chunk count."""
+        devices, neighbours = plan.placement[component], _neighbours(plan, component)
+
+        def likeness(m: Measurement) -> tuple:
+            theirs = _neighbours(m.plan, component)
+            union = neighbours | theirs
+            overlap = len(neighbours & theirs) / len(union) if union else 1.0
+            return (m.plan.key() == plan.key(), overlap, len(m.plan.placement[component]) == len(devices),
+                    m.plan.placement[component] == devices, -abs(m.plan.num_chunks - plan.num_chunks))
+
+        return max(self.measured.values(), key=likeness)
 
     def _ranked(self) -> list[tuple[Plan, float]]:
         """The candidates by corrected price, fastest first (priced once per new measurement: a

@@ -151,3 +151,29 @@ def test_calibration_spends_at_most_its_share_and_is_off_at_zero():
 def test_config_rejects_a_share_outside_zero_to_one():
     with pytest.raises(ConfigError, match="plan.calibrate"):
         apply_overrides(EmbodiedConfig, {}, ["plan.calibrate=1.5"])
+
+
+class NeighbourPipeline(Pipeline):
+    """The env steps 2x slower wherever it shares a core with the rollout (whatever the mode)."""
+
+    def factors(self, plan: Plan) -> dict[str, float]:
+        shared = set(plan.placement["env"]) & set(plan.placement["rollout"])
+        return {"env": 2.0} if shared else {}
+
+
+def test_each_component_is_priced_from_the_measured_plan_that_ran_it_beside_the_most_alike_neighbours():
+    """Calibration measures hybrid plans (env alone) and a colocated one (env beside the rollout);
+    a disaggregated plan, never measured, puts the env beside the rollout again: it is priced
+    with the colocated env's factor, not with the hybrid's, though no plan of its mode was measured."""
+    workflow, profile = _workflow(), _profile()
+    result = workflow.plan(profile)
+    pipeline = NeighbourPipeline(workflow, profile, {}, runtime_s=0.0)
+    calibrator = Calibrator(workflow, share=0.5)
+    calibrator.start(result, profile, iterations_left=100)
+    settled, _ = _calibrate(calibrator, pipeline, workflow.layout_of(result.best))
+    assert {m.plan.mode for m in settled.measurements} == {"hybrid", "colocated"}
+    unmeasured = [p for p, _ in settled.predictions if p.mode == "disaggregated"]
+    assert unmeasured
+    # every other component runs as profiled wherever it runs: each price must be the truth
+    for plan, seconds in settled.predictions:
+        assert seconds == pytest.approx(pipeline.iteration_s(plan)), plan
