@@ -18,6 +18,7 @@ the planner's prediction for the configuration is recorded next to the measureme
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,16 +33,23 @@ from pipelines.embodied import EmbodiedWorkflow
 from pipelines.planning import plan_embodied, profile_embodied, resources_of, workflow_of
 from pipelines.runner import Runner
 from pipelines.recipes import load_recipe
-from scheduler import SHARED, sequential_plan, simulate
+from scheduler import SHARED, Plan, predict, sequential_plan, simulate
 
 HERE = Path(__file__).parent
 
 
-def run_config(cfg: EmbodiedConfig, iterations: int) -> dict[str, Any]:
-    """Plan (forced as ``cfg.plan`` says), build the workers, time ``iterations`` after a warm-up."""
+def run_config(cfg: EmbodiedConfig, iterations: int, calibrate: bool = False) -> dict[str, Any]:
+    """Plan (forced as ``cfg.plan`` says), build the workers, time ``iterations`` after a warm-up.
+    ``calibrate``: first calibrate as a run does (pipelines/calibrate.py), then time the plan the
+    run settles on, against its corrected prediction."""
     runner = Runner(cfg, None, EmbodiedWorkflow(cfg))
     with Cluster(cfg.cluster) as cluster:
         runner.start(cluster)
+        profiled = runner.layout.plan.predicted_iteration_s
+        while calibrate and runner.calibrating:
+            runner.calibrate(runner.step())
+        if runner.calibrated is not None:
+            print(f"    {runner.calibrated.reason}", flush=True)
         times = []
         for it in range(iterations + 1):
             metrics = runner.step()
@@ -58,6 +66,8 @@ def run_config(cfg: EmbodiedConfig, iterations: int) -> dict[str, Any]:
         "lanes": plan.lanes,
         "placement": {k: list(v) for k, v in plan.placement.items()},
         "predicted_iteration_s": plan.predicted_iteration_s,
+        "profiled_iteration_s": profiled,
+        "calibration": runner.calibrated.to_dict() if runner.calibrated is not None else None,
         "measured_iteration_s": measured,
         "measured_all_s": times,
         "prediction_error": abs(plan.predicted_iteration_s - measured) / measured,
@@ -118,11 +128,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, overrides in configs.items():
         cfg = apply_overrides(EmbodiedConfig, data, ["plan.replan_threshold=0", *args.overrides, *overrides])
         print(f"{name}:", flush=True)
-        results[name] = run_config(cfg, args.iterations)
+        results[name] = run_config(cfg, args.iterations, calibrate=name == "planner")
         r = results[name]
         print(f"  {r['mode']}, {r['chunks']} chunk(s): measured {r['measured_iteration_s']:.2f} s/iteration, "
               f"predicted {r['predicted_iteration_s']:.2f} s (error {100 * r['prediction_error']:.1f}%)", flush=True)
 
+    calibration = results["planner"]["calibration"]
+    if calibration is not None:  # the plan the run settled on (its prediction from the probes below)
+        choice = Plan.from_dict(calibration["chosen"])
+        choice = dataclasses.replace(choice, predicted_iteration_s=predict(choice, profile, workflow_of(base), resources_of(base))[0])
     seq = results["sequential"]["measured_iteration_s"]
     best_name = min(results, key=lambda n: results[n]["measured_iteration_s"])
     best = results[best_name]["measured_iteration_s"]

@@ -229,7 +229,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> Path:
         ax.bar([x - 0.27 for x in xs], [c["profiled_s"] for c in rows], 0.27, color="#d9d9d9", label="predicted from the probes")
         ax.bar(list(xs), [c["predicted_s"] for c in rows], 0.27, color="#9db7d5", label="predicted after calibration")
         ax.bar([x + 0.27 for x in xs], [c["measured_s"] for c in rows], 0.27,
-               color=["#c0392b" if c["chosen"] else "#2f6fb0" for c in rows], label="measured (red: planner's choice)")
+               color=["#c0392b" if c["chosen"] else "#2f6fb0" for c in rows], label="measured (red: the plan a run settles on)")
         if r["summary"]["bound_s"] is not None:
             ax.axhline(r["summary"]["bound_s"], color="0.3", ls="--", lw=1, label="bound (work conservation)")
         ax.set_xticks(list(xs), [c["plan"] for c in rows], rotation=25, ha="right", fontsize=7)
