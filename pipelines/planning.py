@@ -53,6 +53,7 @@ from scheduler import (
     Workflow,
     fit_cost_model,
     plan,
+    simulate,
 )
 
 MIB = 2**20
@@ -726,18 +727,32 @@ def prefer_simple(result: PlanResult, margin: float = SIMPLICITY_MARGIN) -> Plan
     return dataclasses.replace(result, best=plan_, best_timeline=timeline)
 
 
+def shared_wall_s(profile: Profile, layout: Layout, cfg: EmbodiedConfig) -> dict[str, float]:
+    """A shared plan's predicted wall seconds of every env and rollout call in one iteration, per
+    component (the simulation's spans: a call slowed down while more threads than cores run in
+    the pool takes longer than its profiled cost, as it does when measured)."""
+    timeline = simulate(layout.plan, profile, workflow_of(cfg), resources_of(cfg))
+    calls = {s.label: (s.component, s.end_s - s.start_s) for s in timeline.spans if s.kind == "work"}
+    walls: dict[str, float] = {}
+    for component, seconds in calls.values():
+        walls[component] = walls.get(component, 0.0) + seconds
+    return walls
+
+
 def measured_factors(profile: Profile, layout: Layout, cfg: EmbodiedConfig, metrics: dict[str, Any]) -> dict[str, float]:
-    """Measured / profiled seconds per call of env, rollout and trainer in one iteration."""
+    """Measured / profiled seconds per call of env, rollout and trainer in one iteration. In a
+    shared plan the env's and the lanes' calls are compared with their simulated wall time (the
+    pool's cores shared, :func:`shared_wall_s`), not with their cost alone."""
     T, k = cfg.algo.rollout_steps, layout.num_chunks
     workflow = workflow_of(cfg)
     chunk = math.ceil(workflow.num_envs / k)
     devices = {name: len(placed) for name, placed in layout.plan.placement.items()}
-    lanes = 1
-    if layout.plan.mode == SHARED:  # one thread per env and rollout worker; each lane makes its chunks' calls
-        devices["env"] = devices["rollout"] = 1
-        lanes = layout.plan.lanes
-    env_pred = profile["env"].cost.time_s(math.ceil(cfg.env.num_envs / k), devices["env"]) * T * k
-    roll_pred = profile["rollout"].cost.time_s(chunk, devices["rollout"]) * (T + 1) * k / lanes  # per rank
+    if layout.plan.mode == SHARED:  # one env worker; each lane (a rollout rank) makes its chunks' calls
+        walls = shared_wall_s(profile, layout, cfg)
+        env_pred, roll_pred = walls.get("env", 0.0), walls.get("rollout", 0.0) / layout.plan.lanes
+    else:
+        env_pred = profile["env"].cost.time_s(math.ceil(cfg.env.num_envs / k), devices["env"]) * T * k
+        roll_pred = profile["rollout"].cost.time_s(chunk, devices["rollout"]) * (T + 1) * k  # per rank
     mb = layout.plan.train_microbatch or workflow.train_minibatch
     # the epochs the update ran (``algo.target_kl`` may stop it early), not the configured ones
     epochs = metrics.get("losses/epochs") or cfg.algo.epochs

@@ -10,7 +10,7 @@ from embodied.config import apply_overrides
 from embodied.runtime import Cluster, ClusterConfig
 from pipelines.config import EmbodiedConfig
 from pipelines.embodied import EmbodiedWorkflow
-from pipelines.planning import measured_factors, prefer_simple, profile_embodied, runnable_modes, workflow_of
+from pipelines.planning import measured_factors, prefer_simple, profile_embodied, runnable_modes, shared_wall_s, workflow_of
 from pipelines.replan import rescale
 from pipelines.workflow import Layout
 from scheduler import ComponentProfile, CostModel, Plan, PlanResult, Profile, Resources, Timeline
@@ -48,19 +48,26 @@ def test_shared_mode_is_offered_only_where_it_runs_as_modelled():
     assert runnable_modes(_cfg("env.backend=multiprocess")) == ("colocated", "disaggregated", "hybrid")
 
 
-def test_measured_factors_of_a_shared_plan_are_per_lane():
+def test_measured_factors_of_a_shared_plan_compare_calls_with_their_simulated_wall_time():
+    """The env and 2 lanes are 3 one-thread processes on 2 cores: while all run, each call takes
+    longer than its cost, in the pipeline as in the simulation. A run that measures exactly the
+    simulated wall times has factors 1, not the slowdown of the sharing."""
     prof = Profile({
         "env": ComponentProfile("env", CostModel(0.0, 0.01, 0.0)),
-        "rollout": ComponentProfile("rollout", CostModel(0.002, 0.0, 1.0)),  # 2 ms per call at one thread
+        "rollout": ComponentProfile("rollout", CostModel(0.04, 0.0, 1.0)),  # 40 ms per call at one thread
         "trainer": ComponentProfile("trainer", CostModel(0.0, 0.001, 1.0)),
     })
     cfg = _cfg("algo.epochs=1", "algo.num_minibatches=1")
     pool = {"env": (0, 1), "rollout": (0, 1), "trainer": (0, 1)}
-    lay = Layout.of(Plan("shared", pool, 2, None, (), 1.0, lanes=2), Resources.cpu_cores(2, 8.0), {"rollout": 2})
-    # 34 rollout calls of 2 ms over 2 lanes: 0.034 s per lane (time/infer_s is the mean over the ranks);
-    # env: 32 calls of 4 envs on one thread = 1.28 s; trainer: one call of 128 samples on 2 cores = 0.064 s.
-    factors = measured_factors(prof, lay, cfg, {"time/sim_s": 1.28, "time/infer_s": 0.068, "time/train_s": 0.064})
-    assert factors == pytest.approx({"env": 1.0, "rollout": 2.0, "trainer": 1.0})
+    lay = Layout.of(Plan("shared", pool, 4, None, (), 1.0, lanes=2), Resources.cpu_cores(2, 8.0), {"rollout": 2})
+    walls = shared_wall_s(prof, lay, cfg)
+    # costs: env 64 calls of 2 envs = 1.28 s; rollout 68 calls of 40 ms = 2.72 s (1.36 s per lane)
+    assert walls["env"] > 1.28 * 1.2 and walls["rollout"] > 2.72 * 1.2
+    measured = {"time/sim_s": walls["env"], "time/infer_s": walls["rollout"] / 2, "time/train_s": 0.064}
+    assert measured_factors(prof, lay, cfg, measured) == pytest.approx({"env": 1.0, "rollout": 1.0, "trainer": 1.0})
+    # twice as slow per lane (time/infer_s is the mean over the ranks)
+    slow = {**measured, "time/infer_s": walls["rollout"]}
+    assert measured_factors(prof, lay, cfg, slow)["rollout"] == pytest.approx(2.0)
 
 
 def test_prefer_simple_takes_fewest_chunks_within_the_margin():
