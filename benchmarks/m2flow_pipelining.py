@@ -187,6 +187,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         panels[f"best {mode} plan ({swept.num_chunks} chunks)"] = simulate(swept, profile, workflow, resources)
     lanes = f", {choice.lanes} lanes" if choice.mode == SHARED else ""
     panels[f"planner's choice ({choice.mode}, {choice.num_chunks} chunks{lanes})"] = simulate(choice, profile, workflow, resources)
+    if calibration is not None:  # where the measured iteration's extra time goes: the calls' own slowdown
+        factors = ", ".join(f"{c} {f:.2f}x" for c, f in chosen_factors.items())
+        panels[f"the choice at the per-call costs measured in the pipeline ({factors}); measured "
+               f"{results['planner']['measured_iteration_s']:.2f} s"] = simulate(choice, rescale(profile, chosen_factors), workflow, resources)
     png = plot_timelines(panels, RESULTS / f"{args.name}_timeline.png", title=workload.title)
     result = {
         "benchmark": "m2flow_pipelining",
