@@ -73,6 +73,17 @@ def _calibrate(calibrator: Calibrator, pipeline: Pipeline, layout: Layout, limit
     raise AssertionError("calibration did not settle")
 
 
+def _settled(pipeline: Pipeline, share: float = 0.5, iterations_left: int = 100):
+    """Calibrate the planner's candidates on ``pipeline`` until the run settles:
+    (workflow, planner's result, pipeline, calibrator, settled, plans run per iteration)."""
+    workflow, profile = pipeline.workflow, pipeline.profile
+    result = workflow.plan(profile)
+    calibrator = Calibrator(workflow, share=share)
+    calibrator.start(result, profile, iterations_left=iterations_left)
+    settled, runs = _calibrate(calibrator, pipeline, workflow.layout_of(result.best))
+    return workflow, result, pipeline, calibrator, settled, runs
+
+
 def test_calibration_finds_the_plan_the_probes_misprice_and_predicts_it():
     """Colocated plans pay a 3x rollout the probes did not see; calibration measures the
     planner's choice, finds it slower than priced, measures the candidates that may beat it and
@@ -112,12 +123,7 @@ def test_calibration_finds_the_plan_the_probes_misprice_and_predicts_it():
 def test_calibration_measures_only_the_candidates_that_may_beat_the_choice():
     """The machine runs as profiled: calibration measures the planner's choice and the candidates
     priced within the margin of it, no other, and keeps the fastest with its prediction unchanged."""
-    workflow, profile = _workflow(), _profile()
-    result = workflow.plan(profile)
-    pipeline = Pipeline(workflow, profile, {}, runtime_s=0.0)
-    calibrator = Calibrator(workflow, share=0.5)
-    calibrator.start(result, profile, iterations_left=100)
-    settled, runs = _calibrate(calibrator, pipeline, workflow.layout_of(result.best))
+    workflow, result, pipeline, calibrator, settled, runs = _settled(Pipeline(_workflow(), _profile(), {}, runtime_s=0.0))
     fastest = min(p.predicted_iteration_s for p, _ in result.candidates)
     close = {p.key() for p, _ in result.candidates if p.predicted_iteration_s < fastest * (1 + MARGIN)}
     assert {m.plan.key() for m in settled.measurements} == close | {result.best.key()}
@@ -165,12 +171,7 @@ def test_each_component_is_priced_from_the_measured_plan_that_ran_it_beside_the_
     """Calibration measures hybrid plans (env alone) and a colocated one (env beside the rollout);
     a disaggregated plan, never measured, puts the env beside the rollout again: it is priced
     with the colocated env's factor, not with the hybrid's, though no plan of its mode was measured."""
-    workflow, profile = _workflow(), _profile()
-    result = workflow.plan(profile)
-    pipeline = NeighbourPipeline(workflow, profile, {}, runtime_s=0.0)
-    calibrator = Calibrator(workflow, share=0.5)
-    calibrator.start(result, profile, iterations_left=100)
-    settled, _ = _calibrate(calibrator, pipeline, workflow.layout_of(result.best))
+    _, _, pipeline, _, settled, _ = _settled(NeighbourPipeline(_workflow(), _profile(), {}, runtime_s=0.0))
     assert {m.plan.mode for m in settled.measurements} == {"hybrid", "colocated"}
     unmeasured = [p for p, _ in settled.predictions if p.mode == "disaggregated"]
     assert unmeasured
