@@ -17,9 +17,9 @@ Every candidate is then priced again by the pure planner (:func:`scheduler.predi
 rescaled by measured factors, each component's from the measured plan that ran it most like the
 candidate does (beside the most alike neighbours: the components sharing its devices, then on as
 many devices, then on the same ones), plus the residual of the measured plan most like the
-candidate (same placement, else same mode, else the one measured first). The next candidate measured is the fastest by
-these corrected predictions, while one could still beat the best measured plan by the model
-(within :data:`MARGIN`) and the budget allows (``plan.calibrate``: the share of the run's
+candidate (same placement, else same mode, else the one measured first). The next candidate
+measured is the fastest by these corrected predictions, while one could still beat the best
+measured plan by the model (within :data:`MARGIN`) and the budget allows (``plan.calibrate``: the share of the run's
 iterations calibration may take). Then the run settles on the fastest measured plan, whose
 prediction is its corrected one. ``plan.calibrate=0`` turns calibration off: the run keeps the
 planner's choice and its probe-based prediction (re-planning on drift still applies).
@@ -31,7 +31,6 @@ import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
-from collections.abc import Callable
 from typing import Any
 
 from pipelines.replan import rescale
@@ -58,16 +57,6 @@ def _neighbours(plan: Plan, component: str) -> frozenset[str]:
     """The other components that share a device with ``component`` under ``plan``."""
     mine = set(plan.placement[component])
     return frozenset(c for c, devices in plan.placement.items() if c != component and mine & set(devices))
-
-
-def _most_alike(measured: list[Measurement], plan: Plan, rules: tuple[Callable[[Measurement], bool], ...]) -> Measurement:
-    """The first measurement the strongest matching rule finds (the nearest chunk count among
-    them); the first measured when none matches."""
-    for alike in rules:
-        found = [m for m in measured if alike(m)]
-        if found:
-            return min(found, key=lambda m: abs(m.plan.num_chunks - plan.num_chunks))
-    return measured[0]
 
 
 def describe_plan(plan: Plan) -> str:
@@ -223,11 +212,13 @@ class Calibrator:
         placement, then the same mode, then the first measured."""
         if not self.measured:
             return None
-        return _most_alike(list(self.measured.values()), plan, (
-            lambda m: m.plan.key() == plan.key(),
-            lambda m: m.plan.placement == plan.placement,
-            lambda m: m.plan.mode == plan.mode,
-        ))
+
+        def likeness(m: Measurement) -> tuple:
+            match = (3 if m.plan.key() == plan.key() else 2 if m.plan.placement == plan.placement
+                     else 1 if m.plan.mode == plan.mode else 0)
+            return (match, -abs(m.plan.num_chunks - plan.num_chunks) if match else 0)
+
+        return max(self.measured.values(), key=likeness)  # ties: the first measured
 
     def _ran_alike(self, plan: Plan, component: str) -> Measurement:
         """The measurement that ran ``component`` most like ``plan`` does: the plan itself, else

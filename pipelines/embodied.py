@@ -61,7 +61,6 @@ class EmbodiedWorkflow(Workflow):
     def __init__(self, cfg: EmbodiedConfig) -> None:
         super().__init__(cfg)
         self.algorithm = build_algorithm(cfg.algo)
-        self.layout: Layout | None = None
         self.profile_: Profile | None = None
         self.pending = False  # staleness 1: the last collection's batch awaits training
         # train/* episode metrics average the last RETURN_WINDOW finished episodes: the episodes that

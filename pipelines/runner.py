@@ -149,8 +149,8 @@ class Runner:
                 self.doing = "starting the cluster"
                 cluster = Cluster(cfg.cluster, run_dir=run.path)
                 self.doing = "profiling and planning"
-                result = self.start(cluster)
-                self.save_plan(result)
+                self.start(cluster)
+                self.save_plan()
                 if trainer_state is not None:
                     self.workflow.load_trainer_state(trainer_state)
                     LOG.info(f"[embodied] resumed from {self.resumed_from} at iteration {self.iteration}, {self.steps:,} env steps")
@@ -279,7 +279,7 @@ class Runner:
             self.calibrated = step.settled
             LOG.info(f"[m2flow] {step.settled.reason}")
             metrics["plan/calibrated"] = step.settled.reason
-            self.save_plan(None)
+            self.save_plan()
 
     def watch_plan(self, metrics: dict[str, Any]) -> None:
         """Re-plan when the measured iterations drift from the prediction (see :mod:`pipelines.replan`);
@@ -295,14 +295,14 @@ class Runner:
         if outcome.reason:
             LOG.info(f"[m2flow] {outcome.reason}")
             metrics["plan/replanned"] = outcome.reason
-            self.save_plan(None)
+            self.save_plan()
 
-    def save_plan(self, result: PlanResult | None) -> None:
-        """Write the plan being executed (and the candidates it beat, and what calibration
-        measured) to ``plan.json``."""
+    def save_plan(self) -> None:
+        """Write the plan being executed (and the candidates the planner ranked, and what
+        calibration measured) to ``plan.json``."""
         if self.run_dir is None or self.layout is None:
             return
-        result = result or self.planned
+        result = self.planned
         data: dict[str, Any] = {"plan": self.layout.plan.to_dict(), "planned": self.profile is not None,
                                 "layout": self.layout.to_dict(), "workers": self.workflow.locations()}
         if self.calibrated is not None:

@@ -54,7 +54,6 @@ class ReasoningWorkflow(Workflow):
     def __init__(self, cfg: ReasoningConfig) -> None:
         super().__init__(cfg)
         self.data: PreparedData | None = None
-        self.layout: Layout | None = None
         self.profile_: Profile | None = None
         self.streams = False  # the trainer trains while later chunks are generated
         self.groups: list[WorkerGroup] = []
