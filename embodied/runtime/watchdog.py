@@ -69,18 +69,18 @@ class RayNodes:
     neither the run token nor the session can be read from them later)."""
 
     def __init__(self) -> None:
-        self.seen: set[int] = set()
         self.sessions: set[str] = set()
         self.raylets: set[int] = set()
         self.started: dict[int, bytes] = {}
         """Processes the raylet started: pid -> start time (``/proc/PID/stat`` field 22)."""
 
     def learn(self, driver: int) -> None:
-        """Look at the driver's children (its GCS and raylet) and at the raylet's (agents, workers)."""
+        """Look at the driver's children (its GCS and raylet) and at the raylet's (agents, workers).
+        A child is read again each time until it is a raylet: a child caught between fork and
+        exec still shows the driver's command line."""
         for pid in children_of(driver):
-            if pid in self.seen:
+            if pid in self.raylets:
                 continue
-            self.seen.add(pid)
             cmd = _read(f"/proc/{pid}/cmdline").replace(b"\0", b" ").decode(errors="replace")
             program = cmd.split(" ", 1)[0]
             if program.endswith(("gcs_server", "raylet")):

@@ -78,3 +78,36 @@ def test_a_clean_end_is_silent():
     assert driver.returncode == 0 and err == ""
     psutil.Process(watchdog).wait(timeout=10) if _running(watchdog) else None
     assert not _running(watchdog)
+
+
+def test_a_raylet_caught_before_its_exec_is_learned_once_it_runs(tmp_path):
+    """A child read between fork and exec shows this process's command line; once it has become
+    the raylet, the next look learns it and the processes it starts."""
+    from embodied.runtime.watchdog import RayNodes
+
+    raylet = tmp_path / "raylet"  # a program named like Ray's (a shell), which starts a child ("an agent")
+    raylet.symlink_to("/bin/sh")
+    pid = os.fork()  # Popen would return only after the exec
+    if pid == 0:
+        try:
+            time.sleep(1.0)
+            os.execv(str(raylet), [str(raylet), "-c", "sleep 600 & wait"])
+        finally:
+            os._exit(127)
+    child = psutil.Process(pid)
+    try:
+        nodes = RayNodes()
+        nodes.learn(os.getpid())  # the child has not exec'd yet
+        assert nodes.raylets == set()
+        deadline = time.monotonic() + 10
+        while not nodes.still_running() and time.monotonic() < deadline:
+            time.sleep(0.1)
+            nodes.learn(os.getpid())
+        assert nodes.raylets == {pid}
+        agents = nodes.still_running()
+        assert agents and all(psutil.Process(p).ppid() == pid for p in agents)
+    finally:
+        for p in child.children():
+            p.kill()
+        child.kill()
+        os.waitpid(pid, 0)
