@@ -47,8 +47,8 @@ def run_config(cfg: EmbodiedConfig, iterations: int, calibrate: bool = False) ->
     with Cluster(cfg.cluster) as cluster:
         runner.start(cluster)
         profiled = runner.layout.plan.predicted_iteration_s
-        while calibrate and runner.calibrating:
-            runner.calibrate(runner.step())
+        if calibrate:
+            runner.settle()
         if runner.calibrated is not None:
             print(f"    {runner.calibrated.reason}", flush=True)
         times = []

@@ -101,10 +101,7 @@ def calibrate(cfg: EmbodiedConfig, cluster: Cluster) -> tuple[Calibrated | None,
     runner = Runner(cfg, None, workflow)
     runner.start(cluster)
     try:
-        iterations = 0
-        while runner.calibrating:
-            runner.calibrate(runner.step())
-            iterations += 1
+        iterations = runner.settle()
         return runner.calibrated, iterations
     finally:
         workflow.close()
@@ -148,10 +145,10 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
             plans.append(chosen_plan)
         rows = []
         for i, p in enumerate(plans):
-            # short iterations are noisy: at least as many as calibration measures a plan for
-            times = measure(cfg, cluster, profile, p, args.warmup, max(args.iterations, iterations_for(p)))
-            measured = statistics.median(times)
             predicted = corrected.get(p.key(), p.predicted_iteration_s)
+            # short iterations are noisy: at least as many as calibration measures a plan for
+            times = measure(cfg, cluster, profile, p, args.warmup, max(args.iterations, iterations_for(predicted)))
+            measured = statistics.median(times)
             row = {
                 "plan": describe(p), "mode": p.mode, "chunks": p.num_chunks,
                 "placement": {c: list(d) for c, d in p.placement.items()}, "offload": list(p.offload),

@@ -5,8 +5,9 @@ processes with its neighbours, and the runtime spends seconds of its own in ever
 (driver calls, weight sync, metrics) that no component's call accounts for. Calibration measures
 both on the run itself. The run's first iterations (real training iterations, logged as usual)
 run under the planner's candidates, the fastest predicted first; after the run's first iteration
-(a warm-up: resets, first calls), each candidate runs :func:`iterations_for` iterations. Each
-measured plan gives
+(a warm-up: resets, first calls), each candidate runs about :data:`MEASURE_S` seconds of
+iterations (:func:`measured_enough`; the budget reserves :func:`iterations_for` its expected
+price: the corrected one once a plan has been measured). Each measured plan gives
 
 * its **factors**: measured / profiled seconds per call of every component under that plan (the
   workflow's ``measured_factors``: the same calls, with the neighbours the plan gives them), and
@@ -45,12 +46,21 @@ MIN_ITERATIONS, MAX_ITERATIONS = 2, 10
 MARGIN = 0.05
 
 
-def iterations_for(plan: Plan) -> int:
-    """Iterations a candidate is measured for: about :data:`MEASURE_S` seconds of them."""
-    predicted = plan.predicted_iteration_s
-    if not predicted > 0:
+def iterations_for(seconds: float) -> int:
+    """Iterations of ``seconds`` each that make about :data:`MEASURE_S` seconds (within
+    :data:`MIN_ITERATIONS` and :data:`MAX_ITERATIONS`): what a plan expected to take ``seconds``
+    per iteration is measured for."""
+    if not seconds > 0:
         return MIN_ITERATIONS
-    return max(MIN_ITERATIONS, min(MAX_ITERATIONS, math.ceil(MEASURE_S / predicted)))
+    return max(MIN_ITERATIONS, min(MAX_ITERATIONS, math.ceil(MEASURE_S / seconds)))
+
+
+def measured_enough(times: list[float], budget_left: int) -> bool:
+    """Whether iterations that took ``times`` seconds complete a measurement: about
+    :data:`MEASURE_S` seconds of them (within :data:`MIN_ITERATIONS` and :data:`MAX_ITERATIONS`),
+    or fewer when calibration's budget has run out."""
+    n = len(times)
+    return n >= MAX_ITERATIONS or (n >= MIN_ITERATIONS and (sum(times) >= MEASURE_S or budget_left <= 0))
 
 
 def _neighbours(plan: Plan, component: str) -> frozenset[str]:
@@ -149,7 +159,7 @@ class Calibrator:
         self.budget = int(self.share * iterations_left)
         self.spent = 0
         self.warmed = False
-        self.active = self.share > 0 and self.budget >= iterations_for(result.best)
+        self.active = self.share > 0 and self.budget >= iterations_for(result.best.predicted_iteration_s)
 
     def corrected(self, plan: Plan) -> float | None:
         """``plan``'s predicted seconds per iteration corrected by the measurements: each
@@ -179,7 +189,7 @@ class Calibrator:
         assert self.current is not None and layout.plan.key() == self.current.key()
         self.samples.append((iteration, metrics))
         self.spent += 1
-        if len(self.samples) < iterations_for(self.current):
+        if not measured_enough([m["time/iteration_s"] for _, m in self.samples], self.budget - self.spent):
             return None
         measurement = self._measure(self.current, layout, self.samples)
         self.measured[self.current.key()] = measurement
@@ -251,7 +261,7 @@ class Calibrator:
         for plan, seconds in self._ranked():
             if seconds >= best * (1 + MARGIN):
                 return None
-            if plan.key() not in self.measured and iterations_for(plan) <= left:
+            if plan.key() not in self.measured and iterations_for(seconds) <= left:
                 return plan
         return None
 

@@ -281,6 +281,15 @@ class Runner:
             metrics["plan/calibrated"] = step.settled.reason
             self.save_plan()
 
+    def settle(self) -> int:
+        """Run iterations until calibration settles on a plan (what a benchmark of the plan a run
+        settles on does before it times it); returns the iterations run (0 when not calibrating)."""
+        iterations = 0
+        while self.calibrating:
+            self.calibrate(self.step())
+            iterations += 1
+        return iterations
+
     def watch_plan(self, metrics: dict[str, Any]) -> None:
         """Re-plan when the measured iterations drift from the prediction (see :mod:`pipelines.replan`);
         not while calibrating (its iterations run other candidates on purpose)."""

@@ -14,7 +14,7 @@ from scheduler import Plan, PlanResult, Timeline
 
 
 def iterations_for_row(row: dict) -> int:
-    return iterations_for(_plan(row["mode"], row["chunks"], row["profiled_s"]))
+    return iterations_for(row["predicted_s"])
 
 
 def _plan(mode: str, chunks: int, t: float, placement=None) -> Plan:

@@ -109,7 +109,7 @@ def test_calibration_finds_the_plan_the_probes_misprice_and_predicts_it():
         expected = pipeline.factors(m.plan)
         assert m.factors == pytest.approx({c: expected.get(c, 1.0) for c in METRIC})
         assert m.residual_s == pytest.approx(0.02)
-        assert len(m.iterations) == iterations_for(m.plan)
+        assert len(m.iterations) == iterations_for(m.iteration_s)  # about MEASURE_S seconds of its iterations
     # every candidate priced like its measured neighbours: unmeasured plans of a measured mode exactly
     measured_modes = {m.plan.mode for m in settled.measurements}
     for plan, seconds in settled.predictions:
@@ -150,7 +150,7 @@ def test_calibration_spends_at_most_its_share_and_is_off_at_zero():
     assert not off.active
     assert off.observe(1, pipeline.run(workflow.layout_of(result.best)), workflow.layout_of(result.best)) is None
     short = Calibrator(workflow, share=0.1)
-    short.start(result, profile, iterations_left=iterations_for(result.best) * 10 - 1)  # less than one measurement
+    short.start(result, profile, iterations_left=iterations_for(result.best.predicted_iteration_s) * 10 - 1)  # less than one measurement
     assert not short.active
 
 
