@@ -87,18 +87,22 @@ def test_a_raylet_caught_before_its_exec_is_learned_once_it_runs(tmp_path):
 
     raylet = tmp_path / "raylet"  # a program named like Ray's (a shell), which starts a child ("an agent")
     raylet.symlink_to("/bin/sh")
+    go_r, go_w = os.pipe()
     pid = os.fork()  # Popen would return only after the exec
     if pid == 0:
         try:
-            time.sleep(1.0)
+            os.close(go_w)
+            os.read(go_r, 1)  # exec once the test has looked
             os.execv(str(raylet), [str(raylet), "-c", "sleep 600 & wait"])
         finally:
             os._exit(127)
+    os.close(go_r)
     child = psutil.Process(pid)
     try:
         nodes = RayNodes()
         nodes.learn(os.getpid())  # the child has not exec'd yet
         assert nodes.raylets == set()
+        os.write(go_w, b"x")
         deadline = time.monotonic() + 10
         while not nodes.still_running() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -111,3 +115,4 @@ def test_a_raylet_caught_before_its_exec_is_learned_once_it_runs(tmp_path):
             p.kill()
         child.kill()
         os.waitpid(pid, 0)
+        os.close(go_w)
