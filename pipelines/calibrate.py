@@ -6,8 +6,8 @@ processes with its neighbours, and the runtime spends seconds of its own in ever
 both on the run itself. The run's first iterations (real training iterations, logged as usual)
 run under the planner's candidates, the fastest predicted first; after the run's first iteration
 (a warm-up: resets, first calls), each candidate runs about :data:`MEASURE_S` seconds of
-iterations (:func:`measured_enough`; the budget reserves :func:`iterations_for` its expected
-price: the corrected one once a plan has been measured). Each measured plan gives
+iterations (:func:`measured_enough`); a candidate is measured only while the budget holds
+:func:`iterations_for` its corrected price. Each measured plan gives
 
 * its **factors**: measured / profiled seconds per call of every component under that plan (the
   workflow's ``measured_factors``: the same calls, with the neighbours the plan gives them), and
