@@ -100,16 +100,18 @@ def test_a_raylet_caught_before_its_exec_is_learned_once_it_runs(tmp_path):
     child = psutil.Process(pid)
     try:
         nodes = RayNodes()
+        # this process's children: the child, and a Ray node an earlier test of this process started
         nodes.learn(os.getpid())  # the child has not exec'd yet
-        assert nodes.raylets == set()
+        assert pid not in nodes.raylets
         os.write(go_w, b"x")
         deadline = time.monotonic() + 10
-        while not nodes.still_running() and time.monotonic() < deadline:
+        agents: set[int] = set()
+        while not agents and time.monotonic() < deadline:
             time.sleep(0.1)
             nodes.learn(os.getpid())
-        assert nodes.raylets == {pid}
-        agents = nodes.still_running()
-        assert agents and all(psutil.Process(p).ppid() == pid for p in agents)
+            agents = {p for p in nodes.still_running() if psutil.Process(p).ppid() == pid}
+        assert pid in nodes.raylets
+        assert agents == {c.pid for c in child.children()}
     finally:
         for p in child.children():
             p.kill()
