@@ -15,7 +15,6 @@ shared initial states.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import deque
 from pathlib import Path
