@@ -182,10 +182,12 @@ class LoggingConfig:
 class PlanConfig:
     """How the M2Flow planner shapes the micro flow (``plan.*`` keys)."""
 
-    mode: Literal["auto", "colocated", "disaggregated", "hybrid", "shared"] = "auto"
+    mode: Literal["auto", "colocated", "disaggregated", "hybrid", "shared", "streams"] = "auto"
     """Placement mode; ``auto`` lets the planner choose from the profile. ``shared`` (env and
     rollout unpinned on all cores, the rollout in one-thread lanes; docs/planner.md) needs an
-    ``inprocess`` env and ``cluster.backend=ray``."""
+    ``inprocess`` env and ``cluster.backend=ray``. ``streams`` (the cores cut into streams, each
+    an env and a rollout rank pinned together on one chunk) needs ``workers.env=1`` and
+    ``cluster.backend=ray``."""
     chunks: int | None = None
     """Env micro-chunks per env worker; None lets the planner choose."""
     profile: bool = True

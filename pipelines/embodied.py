@@ -43,7 +43,7 @@ from pipelines.preflight import preflight
 from pipelines.workers import BlockRoute, EnvWorker, Pinning, RolloutWorker, TrainerWorker
 from pipelines.workflow import WORKFLOWS, Layout, Workflow, WorkflowSpec
 from policies.registry import build_policy
-from scheduler import SHARED, Plan, PlanResult, Profile
+from scheduler import SHARED, STREAMS, Plan, PlanResult, Profile
 from scheduler import Workflow as PlannerWorkflow
 
 LOG = logging.getLogger("embodied")
@@ -105,8 +105,22 @@ class EmbodiedWorkflow(Workflow):
         return {"env": w.env, "rollout": w.rollout, "trainer": w.trainer}
 
     def ranks_for(self, plan: Plan) -> dict[str, int]:
-        """A ``shared`` plan runs the rollout as ``plan.lanes`` one-thread ranks (its lanes)."""
-        return {**self.ranks(), "rollout": plan.lanes} if plan.mode == SHARED else self.ranks()
+        """A ``shared`` plan runs the rollout as ``plan.lanes`` one-thread ranks (its lanes); a
+        ``streams`` plan runs one env and one rollout rank per stream."""
+        if plan.mode == SHARED:
+            return {**self.ranks(), "rollout": plan.lanes}
+        if plan.mode == STREAMS:
+            return {**self.ranks(), "env": plan.lanes, "rollout": plan.lanes}
+        return self.ranks()
+
+    @staticmethod
+    def env_split(layout: Layout) -> int:
+        """Env ranks per configured env worker (a ``streams`` plan: one per stream; else 1)."""
+        return layout.plan.lanes if layout.plan.mode == STREAMS else 1
+
+    def env_chunks(self, layout: Layout) -> int:
+        """Chunks each env rank steps (a ``streams`` plan: the plan's chunks spread over its streams)."""
+        return layout.num_chunks // self.env_split(layout)
 
     def measured_factors(self, profile: Profile, layout: Layout, metrics: dict[str, Any]) -> dict[str, float]:
         return measured_factors(profile, layout, self.cfg, metrics)
@@ -116,7 +130,7 @@ class EmbodiedWorkflow(Workflow):
         w = self.cfg.workers
         if profile is None:
             configured = {"env": w.rollout_threads, "rollout": w.rollout_threads, "trainer": w.trainer_threads}
-            return {c: (Pinning(None, configured[c]),) * n for c, n in self.ranks().items()}
+            return {c: (Pinning(None, configured[c]),) * len(layout.ranks_of(c)) for c in self.components}
 
         def pinning(component: str, rank: RankPlacement) -> Pinning:
             # One torch thread per core only where the probes showed the component scales with
@@ -135,7 +149,8 @@ class EmbodiedWorkflow(Workflow):
         """What each rank of ``component`` reserves from Ray: its CPUs, its GPUs (the layout's
         share, or one whole GPU that Ray picks for a CUDA worker outside a GPU plan), custom
         resources, its node (unless custom resources choose the nodes), thread variables. A shared
-        plan's rollout lanes split ``workers.rollout_cpus`` between them."""
+        plan's rollout lanes split ``workers.rollout_cpus`` between them, a streams plan's env and
+        rollout ranks ``workers.env_cpus`` and ``workers.rollout_cpus``."""
         w = self.cfg.workers
         cpus = {"env": w.env_cpus, "rollout": w.rollout_cpus, "trainer": w.trainer_cpus}[component]
         device = {"env": "cpu", "rollout": w.rollout_device, "trainer": w.trainer_device}[component]
@@ -143,6 +158,8 @@ class EmbodiedWorkflow(Workflow):
         threads = w.trainer_threads if component == "trainer" else w.rollout_threads
         if component == "rollout" and layout.plan.mode == SHARED:  # the lanes share the rollout's reservation
             cpus /= len(layout.ranks_of("rollout"))
+        if component in ("env", "rollout") and layout.plan.mode == STREAMS:  # so do the streams' ranks
+            cpus /= len(layout.ranks_of(component))
         out = []
         for rank in layout.ranks_of(component):
             num_gpus = rank.num_gpus if rank.gpus is not None else (1.0 if device.startswith("cuda") else 0.0)
@@ -174,12 +191,9 @@ class EmbodiedWorkflow(Workflow):
         self.layout, self.profile_ = layout, profile
         pins = self._pinnings(layout, profile)
         requests = self._checked_requests(cluster, layout)
-        self.env = WorkerGroup(
-            cluster, EnvWorker, w.env, cfg, layout.num_chunks, pins["env"], self.algorithm.grouped, name="env",
-            resources=requests["env"],
-        )
-        self.obs_space, self.action_space = self.env.call("spaces", ranks=[0]).result()
         self.cluster_ = cluster
+        self.env = self._env_group(layout, pins["env"], requests["env"])
+        self.obs_space, self.action_space = self.env.call("spaces", ranks=[0]).result()
         self.rollout = self._rollout_group(layout, pins["rollout"], requests["rollout"])
         self.trainer = WorkerGroup(
             cluster, TrainerWorker, w.trainer, cfg, self.obs_space, self.action_space, pins["trainer"],
@@ -192,6 +206,13 @@ class EmbodiedWorkflow(Workflow):
             LOG.debug(f"[embodied] trainer: {described} via {host}:{port}")
         self._connect(layout)
 
+    def _env_group(self, layout: Layout, pins: tuple[Pinning, ...], requests: list[RankResources]) -> WorkerGroup:
+        """The layout's env ranks (a streams plan's, else ``workers.env``)."""
+        return WorkerGroup(
+            self.cluster_, EnvWorker, len(layout.ranks_of("env")), self.cfg, self.env_chunks(layout), pins,
+            self.algorithm.grouped, self.env_split(layout), name="env", resources=requests,
+        )
+
     def _rollout_group(self, layout: Layout, pins: tuple[Pinning, ...], requests: list[RankResources]) -> WorkerGroup:
         """The layout's rollout ranks (a shared plan's lanes, else ``workers.rollout``)."""
         return WorkerGroup(
@@ -202,21 +223,27 @@ class EmbodiedWorkflow(Workflow):
 
     def _connect(self, layout: Layout) -> None:
         self.obs_channel = Channel("observations", self.rollout, source="env")
-        self.action_channel = Channel("actions", self.env, route=BlockRoute(layout.num_chunks), source="rollout")
+        self.action_channel = Channel("actions", self.env, route=BlockRoute(self.env_chunks(layout)), source="rollout")
         # every trainer rank waits for a whole collection's batch (on its own key): a phase, not one message
         self.traj_channel = Channel("trajectories", self.trainer, phase=True, source="rollout")
 
     def apply(self, layout: Layout) -> None:
         pins = self._pinnings(layout, self.profile_)
-        if len(layout.ranks_of("rollout")) != self.rollout.num_ranks:  # another number of lanes: new rollout ranks
-            self.rollout.shutdown()
+        resized = [c for c in ("env", "rollout") if len(layout.ranks_of(c)) != getattr(self, c).num_ranks]
+        for component in resized:  # another number of lanes or streams: new ranks (before any reserves more)
+            getattr(self, component).shutdown()
+        if resized:
             requests = self._checked_requests(self.cluster_, layout)
-            self.rollout = self._rollout_group(layout, pins["rollout"], requests["rollout"])
-        wait_all(
-            self.env.call("configure", layout.num_chunks, pins["env"]).as_phase(),  # rebuilds the envs
-            self.rollout.call("configure", layout.num_chunks, pins["rollout"], self._offloads("rollout", layout)),
-            self.trainer.call("configure", pins["trainer"], self._offloads("trainer", layout), self._trainer_micro_batch(layout)),
-        )
+            if "env" in resized:
+                self.env = self._env_group(layout, pins["env"], requests["env"])
+            if "rollout" in resized:
+                self.rollout = self._rollout_group(layout, pins["rollout"], requests["rollout"])
+        calls = [self.trainer.call("configure", pins["trainer"], self._offloads("trainer", layout), self._trainer_micro_batch(layout))]
+        if "env" not in resized:  # new ranks are built for the layout already
+            calls.append(self.env.call("configure", self.env_chunks(layout), pins["env"], self.env_split(layout)).as_phase())  # rebuilds the envs
+        if "rollout" not in resized:
+            calls.append(self.rollout.call("configure", layout.num_chunks, pins["rollout"], self._offloads("rollout", layout)))
+        wait_all(*calls)
         self.layout = layout
         self._connect(layout)
 

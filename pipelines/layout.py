@@ -16,6 +16,8 @@ How a component's ranks take its devices:
 * Env and rollout ranks on CPU cores share the component's cores on a node (their env
   processes and threads spread over them); the ranks are spread over the nodes the component
   spans.
+* In a ``streams`` plan a component with one rank per stream (env and rollout) gives rank s the
+  cores of stream s (``Plan.stream_devices``): each stream's env and rollout ranks share its cores.
 
 A GPU shared by k ranks (colocated components; the plan's ``offload`` moves the idle phase's
 state out of its memory) gives each a Ray reservation of 1/k of it. A rank sees exactly its GPUs
@@ -31,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scheduler import Device, Plan, Resources
+from scheduler import STREAMS, Device, Plan, Resources, split_devices
 
 GIB = 2**30
 
@@ -183,6 +185,12 @@ class Layout:
                 raise ValueError(f"plan places {name!r} on device(s) {bad}, the machine has {len(machine.resources)}")
         blocks = {name: _blocks(devices, counts[name], machine, owning=name in OWNING_COMPONENTS)
                   for name, devices in plan.placement.items()}
+        for name in plan.placement:
+            if plan.mode == STREAMS and name not in OWNING_COMPONENTS and counts[name] == plan.lanes:
+                blocks[name] = list(plan.stream_devices(name))
+                split = [b for b in blocks[name] if len({machine.nodes[d] for d in b}) > 1]
+                if split:
+                    raise ValueError(f"a {STREAMS} plan's stream spans nodes ({split[0]}): a stream's ranks share one node's cores")
         sharing: dict[int, int] = {}  # GPU device -> ranks placed on it
         for per_rank in blocks.values():
             for block in per_rank:
@@ -213,23 +221,12 @@ def _blocks(devices: tuple[int, ...], count: int, machine: Machine, owning: bool
             return [(devices[i % len(devices)],) for i in range(count)]
         ordered = [d for group in by_node.values() for d in group]
         out = []
-        for part in _split(ordered, count):
+        for part in split_devices(tuple(ordered), count):
             node = machine.nodes[part[0]]
             out.append(tuple(d for d in part if machine.nodes[d] == node))  # a rank runs on one node
         return out
     groups = list(by_node.values())  # ranks spread over the nodes, sharing their node's devices
     return [tuple(groups[i * len(groups) // count]) for i in range(count)]
-
-
-def _split(items: list[int], parts: int) -> list[list[int]]:
-    """``items`` in ``parts`` contiguous blocks whose sizes differ by at most one (larger first)."""
-    size, extra = divmod(len(items), parts)
-    out, start = [], 0
-    for i in range(parts):
-        end = start + size + (1 if i < extra else 0)
-        out.append(items[start:end])
-        start = end
-    return out
 
 
 def _placement(block: tuple[int, ...], machine: Machine, sharing: Mapping[int, int]) -> RankPlacement:

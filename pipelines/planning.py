@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 import time
 from typing import Any, Callable
 
@@ -47,10 +48,12 @@ from scheduler import (
     ComponentProfile,
     CostModel,
     SHARED,
+    STREAMS,
     PlanResult,
     Profile,
     Resources,
     Workflow,
+    chunk_sizes,
     fit_cost_model,
     plan,
     simulate,
@@ -671,7 +674,7 @@ def store_profile(key: str, components: dict[str, ComponentProfile], message: tu
 SIMPLICITY_MARGIN = 0.02
 """A plan with more chunks or a less simple mode must be predicted this much faster to be chosen:
 more chunks mean more messages, and a prediction within noise does not pay for that risk."""
-MODE_RANK = {"colocated": 0, "disaggregated": 1, "hybrid": 2, "shared": 3}
+MODE_RANK = {"colocated": 0, "disaggregated": 1, "hybrid": 2, "shared": 3, "streams": 4}
 
 
 def plan_embodied(cfg: EmbodiedConfig, profile: Profile, resources: Resources | None = None) -> PlanResult:
@@ -701,9 +704,11 @@ def runnable_modes(cfg: EmbodiedConfig) -> tuple[str, ...]:
     """The modes the runtime runs as the planner models them for ``cfg``. ``shared`` prices the
     env as one thread and each rollout lane as its own process: it needs an ``inprocess`` env (no
     env processes) with one env worker, and Ray workers (the local backend runs every worker in
-    one process)."""
+    one process). ``streams`` runs one env and one rollout process per stream, each pinned to the
+    stream's cores: it needs one configured env worker (the streams split its envs) and Ray workers."""
     lanes_run = cfg.env.backend == "inprocess" and cfg.workers.env == 1 and cfg.cluster.backend == "ray"
-    return tuple(m for m in MODES if m != SHARED or lanes_run)
+    streams_run = cfg.workers.env == 1 and cfg.cluster.backend == "ray"
+    return tuple(m for m in MODES if (m != SHARED or lanes_run) and (m != STREAMS or streams_run))
 
 
 def with_device_kinds(cfg: EmbodiedConfig, profile: Profile) -> Profile:
@@ -742,7 +747,8 @@ def shared_wall_s(profile: Profile, layout: Layout, cfg: EmbodiedConfig) -> dict
 def measured_factors(profile: Profile, layout: Layout, cfg: EmbodiedConfig, metrics: dict[str, Any]) -> dict[str, float]:
     """Measured / profiled seconds per call of env, rollout and trainer in one iteration. In a
     shared plan the env's and the lanes' calls are compared with their simulated wall time (the
-    pool's cores shared, :func:`shared_wall_s`), not with their cost alone."""
+    pool's cores shared, :func:`shared_wall_s`), not with their cost alone. The metrics are the
+    mean over ranks (a streams plan's ranks each make one stream's calls)."""
     T, k = cfg.algo.rollout_steps, layout.num_chunks
     workflow = workflow_of(cfg)
     chunk = math.ceil(workflow.num_envs / k)
@@ -750,6 +756,10 @@ def measured_factors(profile: Profile, layout: Layout, cfg: EmbodiedConfig, metr
     if layout.plan.mode == SHARED:  # one env worker; each lane (a rollout rank) makes its chunks' calls
         walls = shared_wall_s(profile, layout, cfg)
         env_pred, roll_pred = walls.get("env", 0.0), walls.get("rollout", 0.0) / layout.plan.lanes
+    elif layout.plan.mode == STREAMS:  # every env and rollout rank makes its stream's one chunk's calls
+        streams = list(zip(chunk_sizes(workflow.num_envs, k), layout.plan.stream_devices("env")))
+        env_pred = statistics.mean(profile["env"].cost.time_s(n, len(cores)) for n, cores in streams) * T
+        roll_pred = statistics.mean(profile["rollout"].cost.time_s(n, len(cores)) for n, cores in streams) * (T + 1)
     else:
         env_pred = profile["env"].cost.time_s(math.ceil(cfg.env.num_envs / k), devices["env"]) * T * k
         roll_pred = profile["rollout"].cost.time_s(chunk, devices["rollout"]) * (T + 1) * k  # per rank

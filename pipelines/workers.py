@@ -99,26 +99,33 @@ def group_seeds(cfg: EmbodiedConfig, first_env: int, count: int, iteration: int)
 
 
 class EnvWorker(Worker):
-    """Steps ``env.num_envs`` envs split into ``num_chunks`` independently stepped chunks."""
+    """Steps ``env.num_envs`` envs split into ``num_chunks`` independently stepped chunks (a
+    ``streams`` plan: ``split`` ranks step one configured worker's ``env.num_envs`` envs between them)."""
 
-    def __init__(self, cfg: EmbodiedConfig, num_chunks: int, pinning: Pinnings | None = None, grouped: bool = False) -> None:
+    def __init__(self, cfg: EmbodiedConfig, num_chunks: int, pinning: Pinnings | None = None, grouped: bool = False,
+                 split: int = 1) -> None:
         self.cfg = cfg
         self.grouped = grouped
         self.envs: list[Any] = []
-        self.configure(num_chunks, pinning or Pinning(None, cfg.workers.rollout_threads))
+        self.configure(num_chunks, pinning or Pinning(None, cfg.workers.rollout_threads), split)
 
-    def configure(self, num_chunks: int, pinning: Pinnings) -> None:
+    def configure(self, num_chunks: int, pinning: Pinnings, split: int = 1) -> None:
         """(Re)build the chunks' envs for a plan: ``num_chunks`` chunks, each stepping its envs in
-        ``len(pinning.cores)`` processes pinned to those cores. Episodes restart."""
+        ``len(pinning.cores)`` processes pinned to those cores. Episodes restart. With ``split``
+        ranks per configured env worker (a ``streams`` plan: one rank per stream) rank r steps part
+        ``r % split`` of worker ``r // split``'s envs: an env keeps its index and seed whatever the split."""
         self.close()
         pinning = own(pinning, self.rank)
         pinning.apply()
         cfg = self.cfg
+        worker, part = divmod(self.rank, split)  # the configured env worker this rank stands for, and its part
+        parts = chunk_sizes(cfg.env.num_envs, split)
+        base = sum(parts[:part])  # this rank's first env within the configured worker's
         self.num_chunks = num_chunks
-        self.sizes = chunk_sizes(cfg.env.num_envs, num_chunks)
-        offsets = [sum(self.sizes[:c]) for c in range(num_chunks)]  # first env of each chunk in this worker
-        self.first = [self.rank * cfg.env.num_envs + o for o in offsets]  # ... over all env workers
-        self.seeds = [cfg.seed + 1000 * self.rank + o for o in offsets]
+        self.sizes = chunk_sizes(parts[part], num_chunks)
+        offsets = [base + sum(self.sizes[:c]) for c in range(num_chunks)]  # first env of each chunk in the worker
+        self.first = [worker * cfg.env.num_envs + o for o in offsets]  # ... over all env workers
+        self.seeds = [cfg.seed + 1000 * worker + o for o in offsets]
         procs = len(pinning.cores) if pinning.cores is not None else cfg.env.num_procs
         self.envs = []
         self.instructions: list[np.ndarray | None] = []

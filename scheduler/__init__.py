@@ -15,7 +15,7 @@ from scheduler.cost_model import CostModel, fit_cost_model
 from scheduler.graph import Dep, Task, call_sizes, chunk_sizes
 from scheduler.memory import memory_violations, peak_memory_gib
 from scheduler.placements import PLACEMENT_MODES
-from scheduler.plans import MODES, SHARED, Plan, Span, Timeline
+from scheduler.plans import MODES, SHARED, STREAMS, Plan, Span, Timeline, split_devices
 from scheduler.profile import WEIGHT_SYNC, ComponentProfile, Profile
 from scheduler.resources import Device, Resources
 from scheduler.search import PlanningError, PlanResult, plan, sequential_plan
@@ -26,6 +26,7 @@ __all__ = [
     "MODES",
     "PLACEMENT_MODES",
     "SHARED",
+    "STREAMS",
     "WEIGHT_SYNC",
     "WORKFLOW_KINDS",
     "Bound",
@@ -53,5 +54,6 @@ __all__ = [
     "predict",
     "sequential_plan",
     "simulate",
+    "split_devices",
     "task_graph",
 ]

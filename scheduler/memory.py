@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from scheduler.graph import items_per_device
-from scheduler.plans import SHARED, Plan
+from scheduler.plans import SHARED, STREAMS, Plan
 from scheduler.profile import Profile
 from scheduler.resources import Resources
 from scheduler.workflows import Workflow
@@ -25,11 +25,17 @@ _SLACK_GIB = 1e-9  # float noise allowed when summing memory
 def component_memory_gib(plan: Plan, profile: Profile, workflow: Workflow) -> dict[str, float]:
     """Component -> GiB it holds on each of its devices while resident."""
     items = workflow.spec.memory_items(workflow, plan.num_chunks, plan.train_microbatch)
-    floating = set(workflow.spec.pool) if plan.mode == SHARED else set()
-    return {
-        name: profile[name].memory_on_device_gib(items_per_device(items[name], 1 if name in floating else len(devices)))
-        for name, devices in plan.placement.items()
-    }
+    pool = set(workflow.spec.pool)
+
+    def spread(name: str, devices: tuple[int, ...]) -> int:  # the devices one call's items spread over
+        if name in pool and plan.mode == SHARED:  # a floating worker: any one core may hold it all
+            return 1
+        if name in pool and plan.mode == STREAMS:  # a stream's rank on its block of the pool
+            return len(devices) // plan.lanes
+        return len(devices)
+
+    return {name: profile[name].memory_on_device_gib(items_per_device(items[name], spread(name, devices)))
+            for name, devices in plan.placement.items()}
 
 
 def resident_memory_gib(

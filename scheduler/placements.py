@@ -16,6 +16,10 @@ scaling exponent is >= 0) nor need more memory per device, so leaving one idle n
   class, not pinned: their workers (one thread each, the rollout in ``Plan.lanes`` workers) share
   the pool's cores (processor sharing, :mod:`scheduler.simulate`); the other components on all
   devices of their class. Its placement looks like ``colocated``; the search keeps it apart.
+* ``streams``: the placement of ``shared``, run another way: the pool's cores cut into
+  ``Plan.lanes`` streams, each holding one pinned rank of every pool component (env and rollout
+  taking turns on the stream's chunk). Per-core collection pipelines with no idle core while the
+  other side works, at the price of more, smaller calls.
 """
 
 from __future__ import annotations
@@ -122,5 +126,6 @@ PLACEMENT_MODES: dict[str, Callable[[WorkflowKind, Profile, Resources], Iterator
     "disaggregated": disaggregated,
     "hybrid": hybrid,
     "shared": shared,
+    "streams": shared,  # the same pool placement; the plan's lanes cut it into streams
 }
 """Mode -> enumerator of its placements; keys in the order of :data:`scheduler.plans.MODES`."""

@@ -9,11 +9,18 @@ from typing import Any
 
 from scheduler._json import check_keys
 
-MODES = ("colocated", "disaggregated", "hybrid", "shared")
+MODES = ("colocated", "disaggregated", "hybrid", "shared", "streams")
 """Placement modes, simplest first (the planner's tie-break order)."""
 
 SHARED = "shared"
 """The mode whose pool components float, unpinned, over one shared pool of CPU cores (see ``Plan.lanes``)."""
+
+STREAMS = "streams"
+"""The mode that cuts the pool of CPU cores into ``Plan.lanes`` streams: each stream's cores hold
+one rank of every pool component (env and rollout), pinned there, taking turns on one chunk."""
+
+LANE_MODES = (SHARED, STREAMS)
+"""Modes whose ``Plan.lanes`` is at least 2."""
 
 
 @dataclass(frozen=True)
@@ -21,8 +28,9 @@ class Plan:
     """A micro flow the runtime executes.
 
     The runtime acts on ``placement``, ``num_chunks``, ``train_microbatch``, ``offload`` and, in
-    ``shared`` mode, on ``lanes``; ``mode`` names the shape of the placement for humans and logs,
-    except ``shared``, which also tells the runtime to leave the pool components unpinned.
+    ``shared`` and ``streams`` modes, on ``lanes``; ``mode`` names the shape of the placement for
+    humans and logs, except ``shared``, which also tells the runtime to leave the pool components
+    unpinned, and ``streams``, which tells it to run one pool rank per stream.
     """
 
     mode: str
@@ -41,7 +49,11 @@ class Plan:
     """``shared`` mode: worker processes of the workflow's lane component (embodied: the rollout),
     one thread each, floating over the shared pool with the other pool components (the env);
     chunk c runs on lane ``c % lanes``. At least 2 in ``shared`` mode (one lane would be the
-    hybrid flow unpinned), 1 in every other mode."""
+    hybrid flow unpinned).
+    ``streams`` mode: the number of streams, one chunk each (``num_chunks == lanes``): stream s is
+    block s of the pool's cores (:func:`split_devices`), where one env rank steps chunk s and one
+    rollout rank infers for it, taking turns. At least 2 (one stream is the colocated flow).
+    1 in every other mode."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -53,10 +65,12 @@ class Plan:
         for name, devices in self.placement.items():
             if not isinstance(devices, tuple) or not devices or len(set(devices)) != len(devices):
                 raise ValueError(f"Plan.placement[{name!r}] must be a non-empty tuple of distinct ints, got {devices!r}")
-        if (self.lanes >= 2) != (self.mode == SHARED) or self.lanes < 1:
-            raise ValueError(f"Plan.lanes must be >= 2 in mode {SHARED!r} and 1 in the others; got {self.lanes} in mode {self.mode!r}")
+        if (self.lanes >= 2) != (self.mode in LANE_MODES) or self.lanes < 1:
+            raise ValueError(f"Plan.lanes must be >= 2 in modes {LANE_MODES} and 1 in the others; got {self.lanes} in mode {self.mode!r}")
         if self.lanes > self.num_chunks:
             raise ValueError(f"Plan.lanes={self.lanes} exceeds num_chunks={self.num_chunks}: a lane would have no chunk")
+        if self.mode == STREAMS and self.num_chunks != self.lanes:
+            raise ValueError(f"a {STREAMS} plan runs one chunk per stream: num_chunks={self.num_chunks} != lanes={self.lanes}")
         unknown = sorted(set(self.offload) - set(self.placement))
         if unknown:
             raise ValueError(f"Plan.offload names components that are not placed: {unknown}")
@@ -96,14 +110,35 @@ class Plan:
 
     def placement_str(self) -> str:
         """E.g. ``"env:0-1 rollout:2 trainer:0-3"``; offloaded components end in ``*``; a shared
-        plan ends in ``lanes=N``."""
+        plan ends in ``lanes=N``, a streams plan in ``streams=N``."""
         parts = []
         for name, devices in self.placement.items():
             star = "*" if name in self.offload else ""
             parts.append(f"{name}:{_ranges(devices)}{star}")
         if self.mode == SHARED:
             parts.append(f"lanes={self.lanes}")
+        if self.mode == STREAMS:
+            parts.append(f"streams={self.lanes}")
         return " ".join(parts)
+
+    def stream_devices(self, component: str) -> tuple[tuple[int, ...], ...]:
+        """A ``streams`` plan: the devices of each stream among ``component``'s (stream s: block s)."""
+        if self.mode != STREAMS:
+            raise ValueError(f"stream_devices() of a {self.mode} plan: only a {STREAMS} plan has streams")
+        return split_devices(self.placement[component], self.lanes)
+
+
+def split_devices(devices: tuple[int, ...], parts: int) -> tuple[tuple[int, ...], ...]:
+    """``devices`` in ``parts`` contiguous blocks whose sizes differ by at most one (larger first)."""
+    if not 1 <= parts <= len(devices):
+        raise ValueError(f"cannot split {len(devices)} device(s) into {parts} non-empty blocks")
+    size, extra = divmod(len(devices), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        out.append(tuple(devices[start:end]))
+        start = end
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from itertools import combinations
 from scheduler.bounds import Bound, lower_bound
 from scheduler.memory import component_memory_gib, phase_overflows, resident_memory_gib, switchable_components
 from scheduler.placements import PLACEMENT_MODES, Placement, eligible_classes
-from scheduler.plans import MODES, SHARED, Plan, Timeline
+from scheduler.plans import LANE_MODES, MODES, SHARED, STREAMS, Plan, Timeline
 from scheduler.profile import Profile
 from scheduler.resources import Resources
 from scheduler.simulate import predict, simulate
@@ -98,7 +98,7 @@ def plan(
             placement_key = tuple(sorted(placement.items()))
             for k in chunk_counts:
                 for lanes in _lane_counts(mode, spec.pool, placement, k):
-                    flow_key = (placement_key, k, lanes if mode == SHARED else 0)
+                    flow_key = (placement_key, k, lanes, mode if mode in LANE_MODES else None)
                     if flow_key in seen:  # same micro flow as a simpler mode already tried
                         continue
                     seen.add(flow_key)
@@ -161,10 +161,13 @@ def _chunk_counts(workflow: Workflow, max_chunks: int | None, force_chunks: int 
 
 
 def _lane_counts(mode: str, pool: tuple[str, ...], placement: Placement, num_chunks: int) -> range:
-    """Lanes worth trying: 2 up to the pool's cores and the chunks in shared mode, else just 1."""
-    if mode != SHARED:
-        return range(1, 2)
-    return range(2, min(num_chunks, len(placement[pool[0]])) + 1)
+    """Lanes worth trying: 2 up to the pool's cores and the chunks in shared mode; in streams mode
+    one stream per chunk (2 up to the pool's cores); else just 1."""
+    if mode == SHARED:
+        return range(2, min(num_chunks, len(placement[pool[0]])) + 1)
+    if mode == STREAMS:
+        return range(num_chunks, num_chunks + 1) if 2 <= num_chunks <= len(placement[pool[0]]) else range(0)
+    return range(1, 2)
 
 
 def _memory_options(

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 
 from scheduler.graph import OFFLOAD, ONLOAD, Task
-from scheduler.plans import SHARED, Plan, Span, Timeline
+from scheduler.plans import LANE_MODES, Plan, Span, Timeline
 from scheduler.profile import Profile
 from scheduler.resources import Resources
 from scheduler.workflows import Workflow
@@ -246,15 +246,15 @@ def validate_plan(plan: Plan, profile: Profile, workflow: Workflow, resources: R
     limit = spec.chunk_total(workflow)
     if plan.num_chunks > limit:
         raise ValueError(f"num_chunks={plan.num_chunks} exceeds the {limit} items the chunks partition")
-    if plan.mode == SHARED:
+    if plan.mode in LANE_MODES:
         pool = spec.pool
         if not pool:
-            raise ValueError(f"the {workflow.kind} workflow has no shared mode (no pool components)")
+            raise ValueError(f"the {workflow.kind} workflow has no {plan.mode} mode (no pool components)")
         cores = plan.placement[pool[0]]
         if any(plan.placement[c] != cores for c in pool):
-            raise ValueError(f"a shared plan places {list(pool)} on one pool, got {plan.placement_str()}")
+            raise ValueError(f"a {plan.mode} plan places {list(pool)} on one pool, got {plan.placement_str()}")
         if any(resources.devices[d].kind != "cpu" for d in cores):
-            raise ValueError(f"a shared plan's pool must be CPU cores, got {plan.placement_str()}")
+            raise ValueError(f"a {plan.mode} plan's pool must be CPU cores, got {plan.placement_str()}")
         if plan.lanes > len(cores):
             raise ValueError(f"Plan.lanes={plan.lanes} exceeds the pool's {len(cores)} cores")
     for name, devices in plan.placement.items():

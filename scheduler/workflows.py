@@ -15,7 +15,9 @@ Kinds live in :data:`WORKFLOW_KINDS` (a registry of builder specs, no if/elif on
     calls of ``train_microbatch`` samples. Then weights sync to the rollout workers.
     In ``shared`` mode (:data:`WorkflowKind.pool`: env and rollout) the env tasks run on lane
     ``"env"`` and chunk c's rollout tasks on lane ``"rollout {c % lanes}"``, each priced at one
-    thread, sharing the pool's cores (see :mod:`scheduler.simulate`).
+    thread, sharing the pool's cores (see :mod:`scheduler.simulate`). In ``streams`` mode chunk c's
+    env and rollout tasks both run on stream c's cores (``Plan.stream_devices``), priced at that
+    many threads: each stream alternates on its own cores, the streams side by side.
     With ``train_overlap`` (steady state of one-step-stale training, ``algo.staleness=1``) the trainer
     trains on the *previous* iteration's samples, so its epochs wait for no message of this
     iteration: they start as soon as their devices are free, and the weight sync follows both.
@@ -36,7 +38,7 @@ from typing import Any
 
 from scheduler._json import check_keys
 from scheduler.graph import WORK, Dep, Task, call_sizes, chunk_sizes
-from scheduler.plans import SHARED, Plan
+from scheduler.plans import SHARED, STREAMS, Plan
 from scheduler.profile import WEIGHT_SYNC, Profile
 
 
@@ -219,9 +221,12 @@ def _embodied_build(w: Workflow, plan: Plan, profile: Profile) -> list[Task]:
     env_devices, rollout_devices, trainer_devices = (plan.placement[c] for c in ("env", "rollout", "trainer"))
     sizes = chunk_sizes(w.num_envs, plan.num_chunks)
     shared = plan.mode == SHARED  # env and rollout workers float over their pool, one thread each
-    threads = {"env": 1 if shared else len(env_devices), "rollout": 1 if shared else len(rollout_devices)}
-    env_s = [env.cost.time_s(s, threads["env"]) for s in sizes]
-    rollout_s = [rollout.cost.time_s(s, threads["rollout"]) for s in sizes]
+    if plan.mode == STREAMS:  # chunk c: env and rollout ranks of stream c, on its cores
+        env_on, rollout_on = plan.stream_devices("env"), plan.stream_devices("rollout")
+    else:
+        env_on, rollout_on = (env_devices,) * len(sizes), (rollout_devices,) * len(sizes)
+    env_s = [env.cost.time_s(s, 1 if shared else len(env_on[c])) for c, s in enumerate(sizes)]
+    rollout_s = [rollout.cost.time_s(s, 1 if shared else len(rollout_on[c])) for c, s in enumerate(sizes)]
     env_lane = "env" if shared else None
     rollout_lane = [f"rollout {c % plan.lanes}" if shared else None for c in range(len(sizes))]
     steps = w.rollout_steps
@@ -229,11 +234,11 @@ def _embodied_build(w: Workflow, plan: Plan, profile: Profile) -> list[Task]:
     for t in range(steps + 1):
         for c, size in enumerate(sizes):
             obs = () if t == 0 else (Dep(f"env t{t - 1} c{c}", size * env.output_mib_per_item),)
-            tasks.append(Task(f"rollout t{t} c{c}", "rollout", rollout_devices, rollout_s[c], obs, (0, WORK, t, c, 0), t, c,
+            tasks.append(Task(f"rollout t{t} c{c}", "rollout", rollout_on[c], rollout_s[c], obs, (0, WORK, t, c, 0), t, c,
                               lane=rollout_lane[c]))
             if t < steps:
                 actions = (Dep(f"rollout t{t} c{c}", size * rollout.output_mib_per_item),)
-                tasks.append(Task(f"env t{t} c{c}", "env", env_devices, env_s[c], actions, (0, WORK, t, c, 1), t, c,
+                tasks.append(Task(f"env t{t} c{c}", "env", env_on[c], env_s[c], actions, (0, WORK, t, c, 1), t, c,
                                   lane=env_lane))
 
     sample_mib = env.output_mib_per_item + rollout.output_mib_per_item

@@ -21,10 +21,10 @@ from scheduler import ComponentProfile, CostModel, Plan, Profile, predict
 METRIC = {"env": "time/sim_s", "rollout": "time/infer_s", "trainer": "time/train_s"}
 
 
-def _workflow() -> EmbodiedWorkflow:
+def _workflow(*overrides: str) -> EmbodiedWorkflow:
     cfg = apply_overrides(EmbodiedConfig, {}, ["env.id=CartPole-v1", "env.num_envs=8", "algo.rollout_steps=16",
                                                "algo.epochs=2", "algo.num_minibatches=4", "cluster.num_cpus=2",
-                                               "plan.max_chunks=2"])
+                                               "plan.max_chunks=2", *overrides])
     return EmbodiedWorkflow(cfg)
 
 
@@ -170,8 +170,11 @@ class NeighbourPipeline(Pipeline):
 def test_each_component_is_priced_from_the_measured_plan_that_ran_it_beside_the_most_alike_neighbours():
     """Calibration measures hybrid plans (env alone) and a colocated one (env beside the rollout);
     a disaggregated plan, never measured, puts the env beside the rollout again: it is priced
-    with the colocated env's factor, not with the hybrid's, though no plan of its mode was measured."""
-    _, _, pipeline, _, settled, _ = _settled(NeighbourPipeline(_workflow(), _profile(), {}, runtime_s=0.0))
+    with the colocated env's factor, not with the hybrid's, though no plan of its mode was measured.
+    (Without streams plans, which need Ray workers: a streams plan puts the env beside the rollout
+    too, and with the probes' prices it would be measured first.)"""
+    workflow = _workflow("cluster.backend=local")
+    _, _, pipeline, _, settled, _ = _settled(NeighbourPipeline(workflow, _profile(), {}, runtime_s=0.0))
     assert {m.plan.mode for m in settled.measurements} == {"hybrid", "colocated"}
     unmeasured = [p for p, _ in settled.predictions if p.mode == "disaggregated"]
     assert unmeasured

@@ -18,12 +18,14 @@ class Sink(Worker):
         return [channel.get(k) for k in keys]
 
 
-def first_outputs(cfg: EmbodiedConfig, chunks: int, iteration: int):
-    """The EnvOutputs env rank 0 sends at the start of ``iteration`` (one per chunk)."""
+def first_outputs(cfg: EmbodiedConfig, chunks: int, iteration: int, grouped: bool = True, split: int = 1):
+    """The EnvOutputs the env ranks send at the start of ``iteration`` (one per chunk, in key
+    order): one rank of ``chunks`` chunks, or (``split``) a streams plan's ``split`` ranks of
+    ``chunks // split`` chunks each."""
     with Cluster(ClusterConfig(backend="local")) as cluster:
-        env = WorkerGroup(cluster, EnvWorker, 1, cfg, chunks, None, True, name="env")
+        env = WorkerGroup(cluster, EnvWorker, split, cfg, chunks // split, None, grouped, split, name="env")
         sink = WorkerGroup(cluster, Sink, 1, name="sink")
-        obs, act = Channel("obs", sink), Channel("act", env, route=BlockRoute(chunks))
+        obs, act = Channel("obs", sink), Channel("act", env, route=BlockRoute(chunks // split))
         env.call("interact", 0, obs, act, iteration).wait()
         outs = sink.call("take", obs, list(range(chunks))).result()
         env.call("close").wait()
@@ -47,6 +49,19 @@ def test_a_group_shares_its_initial_state_and_groups_differ(chunks):
     assert not np.array_equal(state[0], state[3])  # different groups, different states
     later = np.concatenate([o.obs["state"] for o in first_outputs(_cfg("HalfCheetah-v5"), chunks, iteration=1)])
     assert not np.array_equal(later[0], state[0])  # each iteration draws new initial states
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_streams_split_steps_the_same_envs_from_the_same_seeds(grouped):
+    """Two streams' env ranks (3 envs each) start from exactly the initial states one env worker's
+    two chunks do: an env keeps its index and seed whatever the plan."""
+    cfg = _cfg("HalfCheetah-v5", *([] if grouped else ["algo.name=ppo"]))
+    one = first_outputs(cfg, 2, iteration=0, grouped=grouped)
+    split = first_outputs(cfg, 2, iteration=0, grouped=grouped, split=2)
+    for a, b in zip(one, split):
+        np.testing.assert_array_equal(a.obs["state"], b.obs["state"])
+        assert (a.group_ids is None and b.group_ids is None) or a.group_ids.tolist() == b.group_ids.tolist()
+    assert not np.array_equal(one[0].obs["state"][0], one[1].obs["state"][0])  # the chunks' envs differ
 
 
 def test_groups_share_the_initial_state_in_maniskill():

@@ -143,3 +143,20 @@ def test_the_planner_gives_ranks_whole_devices():
     assert all(len(p.placement["trainer"]) == 2 and len(p.placement["rollout"]) == 1 for p, _ in gpus.candidates)
     with pytest.raises(PlanningError, match=r"ranks \(trainer 3\) whole devices"):
         plan(Workflow.embodied(num_envs=8, rollout_steps=4, ranks={"trainer": 3}), cpu, Resources.cpu_cores(2, 8.0))
+
+
+def test_a_streams_plan_gives_each_streams_ranks_its_block_of_cores_on_one_node():
+    pool = tuple(range(3))
+    streams = Plan("streams", {"env": pool, "rollout": pool, "trainer": pool}, 2, None, (), 1.0, lanes=2)
+    lay = Layout.of(streams, Resources.cpu_cores(3, 8.0), {"env": 2, "rollout": 2, "trainer": 1})
+    assert [r.cores for r in lay.ranks_of("env")] == [(0, 1), (2,)]  # larger block first
+    assert [r.cores for r in lay.ranks_of("rollout")] == [(0, 1), (2,)]
+    assert [r.cores for r in lay.ranks_of("trainer")] == [(0, 1, 2)]
+    # a component whose ranks are not one per stream keeps the usual rule (ranks share its cores)
+    lay = Layout.of(streams, Resources.cpu_cores(3, 8.0), {"env": 2, "rollout": 1, "trainer": 1})
+    assert [r.cores for r in lay.ranks_of("rollout")] == [(0, 1, 2)]
+    machine = Machine.of_nodes([NodeSpec("a", "a", cpus=3), NodeSpec("b", "b", cpus=3)])
+    cores = tuple(range(6))
+    across = Plan("streams", {"env": cores, "rollout": cores, "trainer": cores}, 4, None, (), 1.0, lanes=4)
+    with pytest.raises(ValueError, match="spans nodes"):  # blocks (0, 1) (2, 3) (4,) (5,): core 2 on a, 3 on b
+        Layout.of(across, machine, {"env": 4, "rollout": 4})

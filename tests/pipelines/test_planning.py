@@ -41,11 +41,39 @@ def test_a_shared_plan_runs_its_lanes_as_rollout_ranks_on_the_whole_pool():
     assert [r.cores for r in lay.ranks_of("env")] == [(0, 1)]
 
 
-def test_shared_mode_is_offered_only_where_it_runs_as_modelled():
-    assert "shared" in runnable_modes(_cfg("env.backend=inprocess"))
-    assert "shared" not in runnable_modes(_cfg("env.backend=inprocess", "cluster.backend=local"))
-    assert "shared" not in runnable_modes(_cfg("env.backend=inprocess", "workers.env=2"))
-    assert runnable_modes(_cfg("env.backend=multiprocess")) == ("colocated", "disaggregated", "hybrid")
+def test_a_streams_plan_pins_one_env_and_one_rollout_rank_to_each_stream():
+    pool = {"env": (0, 1), "rollout": (0, 1), "trainer": (0, 1)}
+    streams = Plan("streams", pool, 2, None, (), 1.0, lanes=2)
+    workflow = EmbodiedWorkflow(_cfg("workers.rollout=1", "env.num_envs=8"))
+    assert workflow.ranks_for(streams) == {"env": 2, "rollout": 2, "trainer": 1}
+    lay = Layout.of(streams, Resources.cpu_cores(2, 8.0), workflow.ranks_for(streams))
+    assert [r.cores for r in lay.ranks_of("env")] == [(0,), (1,)]  # stream s: core s
+    assert [r.cores for r in lay.ranks_of("rollout")] == [(0,), (1,)]
+    assert [r.cores for r in lay.ranks_of("trainer")] == [(0, 1)]
+    assert (workflow.env_split(lay), workflow.env_chunks(lay)) == (2, 1)  # one chunk per env rank
+    hybrid = Layout.of(_plan("hybrid", 2, 1.0), Resources.cpu_cores(2, 8.0), workflow.ranks_for(_plan("hybrid", 2, 1.0)))
+    assert (workflow.env_split(hybrid), workflow.env_chunks(hybrid)) == (1, 2)
+
+
+def test_measured_factors_of_a_streams_plan_compare_each_rank_with_its_stream():
+    prof = Profile({
+        "env": ComponentProfile("env", CostModel(0.0, 0.01, 0.0)),
+        "rollout": ComponentProfile("rollout", CostModel(0.04, 0.0, 1.0)),
+        "trainer": ComponentProfile("trainer", CostModel(0.0, 0.001, 1.0)),
+    })
+    cfg = _cfg("algo.epochs=1", "algo.num_minibatches=1")  # 8 envs x 16 steps
+    pool = {"env": (0, 1), "rollout": (0, 1), "trainer": (0, 1)}
+    lay = Layout.of(Plan("streams", pool, 2, None, (), 1.0, lanes=2), Resources.cpu_cores(2, 8.0), {"env": 2, "rollout": 2})
+    # per rank: 16 env calls of 4 envs (0.64 s), 17 rollout calls of 40 ms on one core (0.68 s)
+    measured = {"time/sim_s": 0.64, "time/infer_s": 0.68 * 1.5, "time/train_s": 0.064}  # trainer: 128 samples on 2 cores
+    assert measured_factors(prof, lay, cfg, measured) == pytest.approx({"env": 1.0, "rollout": 1.5, "trainer": 1.0})
+
+
+def test_shared_and_streams_modes_are_offered_only_where_they_run_as_modelled():
+    assert {"shared", "streams"} <= set(runnable_modes(_cfg("env.backend=inprocess")))
+    assert runnable_modes(_cfg("env.backend=inprocess", "cluster.backend=local")) == ("colocated", "disaggregated", "hybrid")
+    assert runnable_modes(_cfg("env.backend=inprocess", "workers.env=2")) == ("colocated", "disaggregated", "hybrid")
+    assert runnable_modes(_cfg("env.backend=multiprocess")) == ("colocated", "disaggregated", "hybrid", "streams")
 
 
 def test_measured_factors_of_a_shared_plan_compare_calls_with_their_simulated_wall_time():

@@ -245,6 +245,27 @@ def test_forced_plan_with_chunks_and_trainer_offload(tmp_path):
     assert all(r["plan/predicted_iteration_s"] > 0 and r["plan/measured_over_predicted"] > 0 for r in rows)
 
 
+def test_forced_streams_plan_runs_an_env_and_a_rollout_rank_per_stream(tmp_path):
+    """A streams plan on 2 cores: env rank s and rollout rank s pinned to core s, one chunk each;
+    the iterations take every env step of the configured batch."""
+    run = tmp_path / "streams"
+    result = embodied(
+        "train", "cartpole_ppo", f"run.dir={run}", "algo.total_env_steps=2048", "logging.wandb=false",
+        "plan.mode=streams", "plan.chunks=2", "eval.episodes=2", "plan.replan_threshold=0", "plan.calibrate=0",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[m2flow] chosen: streams, 2 chunk(s)" in result.stderr
+    plan = json.loads((run / "plan.json").read_text())
+    assert (plan["plan"]["mode"], plan["plan"]["lanes"]) == ("streams", 2)
+    assert [r["cores"] for r in plan["layout"]["env"]] == [[0], [1]]
+    assert [r["cores"] for r in plan["layout"]["rollout"]] == [[0], [1]]
+    assert len({w["pid"] for w in plan["workers"]["env"] + plan["workers"]["rollout"]}) == 4
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = plan["workflow"]["num_envs"] * plan["workflow"]["rollout_steps"]
+    assert rows and all(r["plan/mode"] == "streams" for r in rows)
+    assert [r["env_steps"] for r in rows] == [steps * (i + 1) for i in range(len(rows))]
+
+
 def test_plan_command_prints_candidates_bound_and_draws_the_timeline(tmp_path):
     out, data = tmp_path / "plan.png", tmp_path / "plan.json"
     result = embodied(

@@ -1,5 +1,6 @@
 """plan(): agreement with a brute-force search, hand-checked choices, feasibility and errors."""
 
+import dataclasses
 import math
 from itertools import combinations, product
 
@@ -16,6 +17,7 @@ from scheduler import (
     plan,
     predict,
     sequential_plan,
+    simulate,
 )
 from tests.scheduler.profiles import component, profile, random_instance
 
@@ -47,6 +49,7 @@ def _modes_of(placement, spec, full):
         and len(placement[spec.pool[0]]) > 1 and all(_is_full_class(placement[c], full[c]) for c in spec.components)
         and all(k.kind == "cpu" for k in full[spec.pool[0]] if k.indices == placement[spec.pool[0]]),
     }
+    checks["streams"] = checks["shared"]  # the same placement, cut into streams
     return [m for m in MODES if checks[m]]
 
 
@@ -68,9 +71,11 @@ def brute_force_best_s(workflow, prof, resources, max_chunks):
         if not modes:
             continue
         for k in range(1, min(spec.chunk_total(workflow), max_chunks) + 1):
-            shapes = [(modes[0], 1)] if modes[0] != "shared" else []
+            shapes = [(modes[0], 1)] if modes[0] not in ("shared", "streams") else []
             if "shared" in modes:  # any number of lanes up to the pool's cores and the chunks
                 shapes += [("shared", n) for n in range(2, min(k, len(placement[spec.pool[0]])) + 1)]
+            if "streams" in modes and 2 <= k <= len(placement[spec.pool[0]]):  # one stream per chunk
+                shapes += [("streams", k)]
             for mode, lanes in shapes:
                 for size in range(len(spec.components) + 1):
                     for offload in combinations(spec.components, size):
@@ -262,7 +267,51 @@ def test_overlapped_training_moves_the_trainer_to_its_own_core():
     resources = Resources.cpu_cores(2, 8.0)
     sync = plan(Workflow.embodied(2, 2), prof, resources).best
     overlap = plan(Workflow.embodied(2, 2, train_overlap=True), prof, resources).best
-    assert sync.predicted_iteration_s > 1.6 + 0.4  # collection (pipelined at best) then training
+    # collection at best two streams, one env each on its own core (0.05 + 0.1 + 0.05 + 0.1 + 0.05 s), then training
+    assert sync.mode == "streams" and sync.predicted_iteration_s == pytest.approx(0.35 + 1.6)
     assert overlap.mode == "disaggregated"
     assert overlap.placement == {"env": (0,), "rollout": (0,), "trainer": (1,)}
     assert overlap.predicted_iteration_s == pytest.approx(1.6)
+
+
+def test_streams_two_cores_by_hand_and_chosen_when_fastest():
+    # 2 envs, 1 step; env 0.25 s and rollout 0.5 s per env, neither faster on more cores; trainer 0.5 s.
+    # Two streams (chunk c's env and rollout ranks on core c, taking turns), side by side:
+    #   core c: rollout t0 c [0, .5]  env t0 c [.5, .75]  rollout t1 c [.75, 1.25]
+    #   trainer on both cores [1.25, 1.75]
+    # Shared 2 lanes takes 2.0 s (tests/scheduler/test_simulate.py), hybrid 2 chunks 2.5 s.
+    prof = profile(component("env", per_item_s=0.25, exponent=0.0), component("rollout", per_item_s=0.5, exponent=0.0),
+                   component("trainer", fixed_s=0.5))
+    workflow, resources = Workflow.embodied(num_envs=2, rollout_steps=1), Resources.cpu_cores(2, 8.0)
+    pool = {"env": (0, 1), "rollout": (0, 1), "trainer": (0, 1)}
+    streams = Plan("streams", pool, 2, None, (), math.nan, lanes=2)
+    timeline = simulate(streams, prof, workflow, resources)
+    times = {s.label: (s.start_s, s.end_s) for s in timeline.spans}
+    for c in (0, 1):
+        assert times[f"rollout t0 c{c}"] == (0.0, 0.5) and times[f"env t0 c{c}"] == (0.5, 0.75)
+        assert times[f"rollout t1 c{c}"] == (0.75, 1.25)
+        assert {s.device for s in timeline.spans if s.chunk == c} == {c}  # a stream stays on its core
+    assert times["trainer epoch 0"] == (1.25, 1.75) and timeline.makespan_s == 1.75
+    best = plan(workflow, prof, resources).best
+    assert (best.mode, best.num_chunks, best.lanes) == ("streams", 2, 2)
+    assert best.predicted_iteration_s == pytest.approx(1.75)
+    # messages between a stream's env and rollout ranks cost what any other cross-process message
+    # does: actions, observations, trajectories to the trainer, weights back (0.1 s each)
+    slow = dataclasses.replace(prof, transfer_latency_s=0.1, cross_process_messages=True)
+    assert simulate(streams, slow, workflow, resources).makespan_s == pytest.approx(1.75 + 4 * 0.1)
+
+
+def test_streams_plans_are_validated():
+    pool = {"env": (0, 1, 2), "rollout": (0, 1, 2), "trainer": (0, 1, 2)}
+    with pytest.raises(ValueError, match="one chunk per stream"):
+        Plan("streams", pool, 3, None, (), math.nan, lanes=2)
+    with pytest.raises(ValueError, match="lanes"):
+        Plan("streams", pool, 1, None, (), math.nan, lanes=1)
+    assert Plan("streams", pool, 2, None, (), math.nan, lanes=2).stream_devices("env") == ((0, 1), (2,))
+    assert Plan("streams", pool, 2, None, (), math.nan, lanes=2).placement_str().endswith("streams=2")
+    with pytest.raises(ValueError, match="only a streams plan"):
+        Plan("colocated", pool, 2, None, (), math.nan).stream_devices("env")
+    with pytest.raises(ValueError, match="exceeds the pool"):
+        simulate(Plan("streams", {"env": (0, 1), "rollout": (0, 1), "trainer": (0, 1)}, 3, None, (), math.nan, lanes=3),
+                 profile(component("env"), component("rollout"), component("trainer")),
+                 Workflow.embodied(num_envs=3, rollout_steps=1), Resources.cpu_cores(2, 8.0))
