@@ -95,7 +95,7 @@ class EmbodiedWorkflow(Workflow):
         return profile_embodied(self.cfg, cluster, force=force, log=log)
 
     def plan(self, profile: Profile) -> PlanResult:
-        return plan_embodied(self.cfg, profile, self.resources())
+        return plan_embodied(self.cfg, profile, self.resources(), self.machine().multi_node)
 
     def discover(self, cluster: Cluster) -> Machine:
         return machine_of(self.cfg, cluster)

@@ -677,7 +677,8 @@ more chunks mean more messages, and a prediction within noise does not pay for t
 MODE_RANK = {"colocated": 0, "disaggregated": 1, "hybrid": 2, "shared": 3, "streams": 4}
 
 
-def plan_embodied(cfg: EmbodiedConfig, profile: Profile, resources: Resources | None = None) -> PlanResult:
+def plan_embodied(cfg: EmbodiedConfig, profile: Profile, resources: Resources | None = None,
+                  multi_node: bool = False) -> PlanResult:
     """Plan ``cfg``'s workflow on ``resources`` (default: this machine's cores); ``plan.mode`` /
     ``plan.chunks`` restrict the search. Where there are GPUs, each component may only use the
     kind of device it runs on (:func:`with_device_kinds`).
@@ -695,19 +696,20 @@ def plan_embodied(cfg: EmbodiedConfig, profile: Profile, resources: Resources | 
         max_chunks=min(cfg.plan.max_chunks, cfg.env.num_envs),
         force_mode=None if cfg.plan.mode == "auto" else cfg.plan.mode,
         force_chunks=cfg.plan.chunks,
-        modes=runnable_modes(cfg),
+        modes=runnable_modes(cfg, multi_node),
     )
     return prefer_simple(result)
 
 
-def runnable_modes(cfg: EmbodiedConfig) -> tuple[str, ...]:
+def runnable_modes(cfg: EmbodiedConfig, multi_node: bool = False) -> tuple[str, ...]:
     """The modes the runtime runs as the planner models them for ``cfg``. ``shared`` prices the
     env as one thread and each rollout lane as its own process: it needs an ``inprocess`` env (no
     env processes) with one env worker, and Ray workers (the local backend runs every worker in
     one process). ``streams`` runs one env and one rollout process per stream, each pinned to the
-    stream's cores: it needs one configured env worker (the streams split its envs) and Ray workers."""
-    lanes_run = cfg.env.backend == "inprocess" and cfg.workers.env == 1 and cfg.cluster.backend == "ray"
-    streams_run = cfg.workers.env == 1 and cfg.cluster.backend == "ray"
+    stream's cores: it needs one configured env worker (the streams split its envs) and Ray workers.
+    Neither runs on a cluster of several nodes (``multi_node``): a pool is one node's cores."""
+    lanes_run = cfg.env.backend == "inprocess" and cfg.workers.env == 1 and cfg.cluster.backend == "ray" and not multi_node
+    streams_run = cfg.workers.env == 1 and cfg.cluster.backend == "ray" and not multi_node
     return tuple(m for m in MODES if (m != SHARED or lanes_run) and (m != STREAMS or streams_run))
 
 

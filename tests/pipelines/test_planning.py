@@ -74,6 +74,7 @@ def test_shared_and_streams_modes_are_offered_only_where_they_run_as_modelled():
     assert runnable_modes(_cfg("env.backend=inprocess", "cluster.backend=local")) == ("colocated", "disaggregated", "hybrid")
     assert runnable_modes(_cfg("env.backend=inprocess", "workers.env=2")) == ("colocated", "disaggregated", "hybrid")
     assert runnable_modes(_cfg("env.backend=multiprocess")) == ("colocated", "disaggregated", "hybrid", "streams")
+    assert runnable_modes(_cfg("env.backend=inprocess"), multi_node=True) == ("colocated", "disaggregated", "hybrid")
 
 
 def test_measured_factors_of_a_shared_plan_compare_calls_with_their_simulated_wall_time():
