@@ -34,7 +34,7 @@ from pipelines.planning import plan_embodied, profile_embodied, resources_of, wo
 from pipelines.runner import Runner
 from pipelines.recipes import load_recipe
 from pipelines.replan import rescale
-from scheduler import SHARED, STREAMS, Plan, lower_bound, predict, sequential_plan, simulate
+from scheduler import Plan, lower_bound, predict, sequential_plan, simulate
 
 HERE = Path(__file__).parent
 
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if mode and mode != choice.mode:  # the best plan of the sweep's mode, to see what the choice gains on it
         swept = plan_embodied(apply_overrides(EmbodiedConfig, data, [*args.overrides, f"plan.mode={mode}"]), profile).best
         panels[f"best {mode} plan ({swept.num_chunks} chunks)"] = simulate(swept, profile, workflow, resources)
-    lanes = {SHARED: f", {choice.lanes} lanes", STREAMS: f", {choice.lanes} streams"}.get(choice.mode, "")
+    lanes = f", {choice.lanes_label}" if choice.lanes_label else ""
     panels[f"planner's choice ({choice.mode}, {choice.num_chunks} chunks{lanes})"] = simulate(choice, profile, workflow, resources)
     if calibration is not None:  # where the measured iteration's extra time goes: the calls' own slowdown
         factors = ", ".join(f"{c} {f:.2f}x" for c, f in chosen_factors.items())

@@ -42,7 +42,7 @@ from pipelines.embodied import EmbodiedWorkflow
 from pipelines.planning import plan_embodied, profile_embodied, resources_of, workflow_of
 from pipelines.recipes import load_recipe
 from pipelines.runner import Runner
-from scheduler import STREAMS, Plan, Profile, sequential_plan
+from scheduler import Plan, Profile, sequential_plan
 
 HERE = Path(__file__).parent
 
@@ -78,8 +78,7 @@ FIXED = ("plan.replan_threshold=0", "plan.learn=false", "logging.tensorboard=fal
 def describe(plan: Plan) -> str:
     spans = " ".join(f"{c}:{'-'.join(map(str, (d[0], d[-1]))) if len(d) > 1 else d[0]}{'*' if c in plan.offload else ''}"
                      for c, d in plan.placement.items())
-    lanes = f" {'streams' if plan.mode == STREAMS else 'lanes'}={plan.lanes}" if plan.lanes > 1 else ""
-    return f"{plan.mode} {plan.num_chunks}ch {spans}{lanes}"
+    return " ".join(part for part in (plan.mode, f"{plan.num_chunks}ch", spans, plan.lanes_label) if part)
 
 
 def candidates(result: Any, sequential: Plan, max_chunks: int) -> list[Plan]:

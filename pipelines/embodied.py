@@ -104,14 +104,19 @@ class EmbodiedWorkflow(Workflow):
         w = self.cfg.workers
         return {"env": w.env, "rollout": w.rollout, "trainer": w.trainer}
 
-    def ranks_for(self, plan: Plan) -> dict[str, int]:
-        """A ``shared`` plan runs the rollout as ``plan.lanes`` one-thread ranks (its lanes); a
-        ``streams`` plan runs one env and one rollout rank per stream."""
+    @staticmethod
+    def plan_ranks(plan: Plan) -> dict[str, int]:
+        """The ranks a plan sets, whatever ``workers.*`` say: a ``shared`` plan runs the rollout
+        as ``plan.lanes`` one-thread ranks (its lanes), a ``streams`` plan one env and one rollout
+        rank per stream."""
         if plan.mode == SHARED:
-            return {**self.ranks(), "rollout": plan.lanes}
+            return {"rollout": plan.lanes}
         if plan.mode == STREAMS:
-            return {**self.ranks(), "env": plan.lanes, "rollout": plan.lanes}
-        return self.ranks()
+            return {"env": plan.lanes, "rollout": plan.lanes}
+        return {}
+
+    def ranks_for(self, plan: Plan) -> dict[str, int]:
+        return {**self.ranks(), **self.plan_ranks(plan)}
 
     @staticmethod
     def env_split(layout: Layout) -> int:
@@ -148,17 +153,15 @@ class EmbodiedWorkflow(Workflow):
     def _rank_resources(self, component: str, layout: Layout) -> list[RankResources]:
         """What each rank of ``component`` reserves from Ray: its CPUs, its GPUs (the layout's
         share, or one whole GPU that Ray picks for a CUDA worker outside a GPU plan), custom
-        resources, its node (unless custom resources choose the nodes), thread variables. A shared
-        plan's rollout lanes split ``workers.rollout_cpus`` between them, a streams plan's env and
-        rollout ranks ``workers.env_cpus`` and ``workers.rollout_cpus``."""
+        resources, its node (unless custom resources choose the nodes), thread variables. The ranks
+        a plan sets (:meth:`plan_ranks`: a shared plan's lanes, a streams plan's env and rollout
+        ranks) split their component's ``workers.<component>_cpus`` between them."""
         w = self.cfg.workers
         cpus = {"env": w.env_cpus, "rollout": w.rollout_cpus, "trainer": w.trainer_cpus}[component]
         device = {"env": "cpu", "rollout": w.rollout_device, "trainer": w.trainer_device}[component]
         custom = {"env": w.env_resources, "rollout": w.rollout_resources, "trainer": w.trainer_resources}[component]
         threads = w.trainer_threads if component == "trainer" else w.rollout_threads
-        if component == "rollout" and layout.plan.mode == SHARED:  # the lanes share the rollout's reservation
-            cpus /= len(layout.ranks_of("rollout"))
-        if component in ("env", "rollout") and layout.plan.mode == STREAMS:  # so do the streams' ranks
+        if component in self.plan_ranks(layout.plan):  # lanes or streams share the component's reservation
             cpus /= len(layout.ranks_of(component))
         out = []
         for rank in layout.ranks_of(component):

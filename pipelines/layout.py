@@ -183,14 +183,9 @@ class Layout:
             bad = [d for d in devices if not 0 <= d < len(machine.resources)]
             if bad:
                 raise ValueError(f"plan places {name!r} on device(s) {bad}, the machine has {len(machine.resources)}")
-        blocks = {name: _blocks(devices, counts[name], machine, owning=name in OWNING_COMPONENTS)
+        blocks = {name: _stream_blocks(plan, name, machine) if _per_stream(plan, name, counts[name])
+                  else _blocks(devices, counts[name], machine, owning=name in OWNING_COMPONENTS)
                   for name, devices in plan.placement.items()}
-        for name in plan.placement:
-            if plan.mode == STREAMS and name not in OWNING_COMPONENTS and counts[name] == plan.lanes:
-                blocks[name] = list(plan.stream_devices(name))
-                split = [b for b in blocks[name] if len({machine.nodes[d] for d in b}) > 1]
-                if split:
-                    raise ValueError(f"a {STREAMS} plan's stream spans nodes ({split[0]}): a stream's ranks share one node's cores")
         sharing: dict[int, int] = {}  # GPU device -> ranks placed on it
         for per_rank in blocks.values():
             for block in per_rank:
@@ -208,6 +203,20 @@ class Layout:
         placement = {c: everything for c in components}
         plan = Plan("colocated", placement, chunks, None, (), math.nan)
         return cls(plan, {c: (RankPlacement(),) * int((ranks or {}).get(c, 1)) for c in components})
+
+
+def _per_stream(plan: Plan, name: str, count: int) -> bool:
+    """Whether ``name`` runs one rank per stream of a ``streams`` plan (env and rollout)."""
+    return plan.mode == STREAMS and name not in OWNING_COMPONENTS and count == plan.lanes
+
+
+def _stream_blocks(plan: Plan, name: str, machine: Machine) -> list[tuple[int, ...]]:
+    """Rank s of a per-stream component: stream s's devices, all on one node."""
+    blocks = list(plan.stream_devices(name))
+    split = [b for b in blocks if len({machine.nodes[d] for d in b}) > 1]
+    if split:
+        raise ValueError(f"a {STREAMS} plan's stream spans nodes ({split[0]}): a stream's ranks share one node's cores")
+    return blocks
 
 
 def _blocks(devices: tuple[int, ...], count: int, machine: Machine, owning: bool) -> list[tuple[int, ...]]:

@@ -115,11 +115,14 @@ class Plan:
         for name, devices in self.placement.items():
             star = "*" if name in self.offload else ""
             parts.append(f"{name}:{_ranges(devices)}{star}")
-        if self.mode == SHARED:
-            parts.append(f"lanes={self.lanes}")
-        if self.mode == STREAMS:
-            parts.append(f"streams={self.lanes}")
+        if self.lanes_label:
+            parts.append(self.lanes_label)
         return " ".join(parts)
+
+    @property
+    def lanes_label(self) -> str:
+        """``"lanes=N"`` (shared), ``"streams=N"`` (streams), else empty."""
+        return {SHARED: f"lanes={self.lanes}", STREAMS: f"streams={self.lanes}"}.get(self.mode, "")
 
     def stream_devices(self, component: str) -> tuple[tuple[int, ...], ...]:
         """A ``streams`` plan: the devices of each stream among ``component``'s (stream s: block s)."""
