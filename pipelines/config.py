@@ -315,6 +315,10 @@ class EmbodiedConfig:
             problems.append(f"plan.chunks must be between 1 and env.num_envs={self.env.num_envs} (got {self.plan.chunks})")
         if self.workers.env < 1 or self.workers.rollout < 1:
             problems.append("workers.env and workers.rollout must be >= 1")
+        if self.plan.mode == "streams" and (self.workers.env != 1 or self.cluster.backend != "ray"):
+            problems.append("plan.mode=streams splits one env worker's envs over processes pinned to the streams' "
+                            f"cores: it needs workers.env=1 and cluster.backend=ray (got workers.env={self.workers.env}, "
+                            f"cluster.backend={self.cluster.backend}); or leave plan.mode=auto")
         envs = self.workers.env * self.env.num_envs
         ranks = self.workers.trainer
         if (ranks > 1 or self.workers.trainer_strategy == "fsdp") and self.cluster.backend != "ray":

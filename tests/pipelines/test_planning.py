@@ -7,6 +7,7 @@ import math
 import pytest
 
 from embodied.config import apply_overrides
+from embodied.errors import ConfigError
 from embodied.runtime import Cluster, ClusterConfig
 from pipelines.config import EmbodiedConfig
 from pipelines.embodied import EmbodiedWorkflow
@@ -67,6 +68,12 @@ def test_measured_factors_of_a_streams_plan_compare_each_rank_with_its_stream():
     # per rank: 16 env calls of 4 envs (0.64 s), 17 rollout calls of 40 ms on one core (0.68 s)
     measured = {"time/sim_s": 0.64, "time/infer_s": 0.68 * 1.5, "time/train_s": 0.064}  # trainer: 128 samples on 2 cores
     assert measured_factors(prof, lay, cfg, measured) == pytest.approx({"env": 1.0, "rollout": 1.5, "trainer": 1.0})
+
+
+@pytest.mark.parametrize("overrides", [["workers.env=2"], ["cluster.backend=local"]])
+def test_a_forced_streams_plan_where_it_cannot_run_is_a_config_error(overrides):
+    with pytest.raises(ConfigError, match="plan.mode=streams .* needs workers.env=1 and cluster.backend=ray"):
+        _cfg("plan.mode=streams", *overrides)
 
 
 def test_shared_and_streams_modes_are_offered_only_where_they_run_as_modelled():
