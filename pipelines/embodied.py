@@ -40,7 +40,7 @@ from pipelines.planning import (
     workflow_of,
 )
 from pipelines.preflight import preflight
-from pipelines.workers import BlockRoute, EnvWorker, Pinning, RolloutWorker, TrainerWorker
+from pipelines.workers import BlockRoute, EnvWorker, Pinning, RolloutWorker, StreamWorker, TrainerWorker
 from pipelines.workflow import WORKFLOWS, Layout, Workflow, WorkflowSpec
 from policies.registry import build_policy
 from scheduler import SHARED, STREAMS, Plan, PlanResult, Profile
@@ -150,6 +150,10 @@ class EmbodiedWorkflow(Workflow):
 
         return {c: tuple(pinning(c, r) for r in layout.ranks_of(c)) for c in self.components}
 
+    def _stream_pinnings(self, layout: Layout, profile: Profile | None) -> tuple[Pinning, ...]:
+        """A streams plan's stream ranks: stream s's cores, threads as the rollout's."""
+        return self._pinnings(layout, profile)["rollout"]
+
     def _rank_resources(self, component: str, layout: Layout) -> list[RankResources]:
         """What each rank of ``component`` reserves from Ray: its CPUs, its GPUs (the layout's
         share, or one whole GPU that Ray picks for a CUDA worker outside a GPU plan), custom
@@ -181,9 +185,20 @@ class EmbodiedWorkflow(Workflow):
     def _trainer_micro_batch(self, layout: Layout) -> int | None:
         return trainer_micro_batch(self.cfg.algo.micro_batch_size, layout.plan.train_microbatch, self.cfg.workers.trainer)
 
+    def _stream_resources(self, layout: Layout) -> list[RankResources]:
+        """A streams plan's stream ranks: each reserves what its stream's env and rollout ranks would."""
+        env, rollout = self._rank_resources("env", layout), self._rank_resources("rollout", layout)
+        return [RankResources(e.num_cpus + r.num_cpus, r.num_gpus, r.env_vars,
+                              {k: e.custom.get(k, 0) + r.custom.get(k, 0) for k in {*e.custom, *r.custom}}, r.node)
+                for e, r in zip(env, rollout)]
+
     def _checked_requests(self, cluster: Cluster, layout: Layout) -> dict[str, list[RankResources]]:
-        """Every rank's Ray reservation under ``layout``, refused at once if the cluster cannot hold them."""
-        requests = {c: self._rank_resources(c, layout) for c in self.components}
+        """Every rank's Ray reservation under ``layout`` (a streams plan: ``stream`` ranks in place
+        of env and rollout ranks), refused at once if the cluster cannot hold them."""
+        if layout.plan.mode == STREAMS:
+            requests = {"stream": self._stream_resources(layout), "trainer": self._rank_resources("trainer", layout)}
+        else:
+            requests = {c: self._rank_resources(c, layout) for c in self.components}
         cluster.check_capacity({c: [{"CPU": r.num_cpus, "GPU": r.num_gpus, **r.custom} for r in ranks]
                                 for c, ranks in requests.items()})
         return requests
@@ -195,9 +210,14 @@ class EmbodiedWorkflow(Workflow):
         pins = self._pinnings(layout, profile)
         requests = self._checked_requests(cluster, layout)
         self.cluster_ = cluster
-        self.env = self._env_group(layout, pins["env"], requests["env"])
-        self.obs_space, self.action_space = self.env.call("spaces", ranks=[0]).result()
-        self.rollout = self._rollout_group(layout, pins["rollout"], requests["rollout"])
+        self.env = self.rollout = self.stream = None
+        if layout.plan.mode == STREAMS:
+            self.stream = self._stream_group(layout, requests["stream"])
+        else:
+            self.env = self._env_group(layout, pins["env"], requests["env"])
+        self.obs_space, self.action_space = self.stepper.call("spaces", ranks=[0]).result()
+        if self.stream is None:
+            self.rollout = self._rollout_group(layout, pins["rollout"], requests["rollout"])
         self.trainer = WorkerGroup(
             cluster, TrainerWorker, w.trainer, cfg, self.obs_space, self.action_space, pins["trainer"],
             self._offloads("trainer", layout), self._trainer_micro_batch(layout),
@@ -224,27 +244,64 @@ class EmbodiedWorkflow(Workflow):
             name="rollout", resources=requests,
         )
 
+    def _stream_group(self, layout: Layout, requests: list[RankResources]) -> WorkerGroup:
+        """A streams plan's ranks: one :class:`StreamWorker` (env and policy in one process) per stream."""
+        return WorkerGroup(
+            self.cluster_, StreamWorker, layout.plan.lanes, self.cfg, self.env_chunks(layout),
+            self._stream_pinnings(layout, self.profile_), self.algorithm.needs_critic, self.algorithm.grouped,
+            self._offloads("rollout", layout), name="stream", resources=requests,
+        )
+
+    @property
+    def stepper(self) -> WorkerGroup:
+        """The group that steps the envs: the env workers, or a streams plan's streams."""
+        group = self.stream if self.stream is not None else self.env
+        assert group is not None, "no env ranks before build()"
+        return group
+
+    @property
+    def acting(self) -> WorkerGroup:
+        """The group that acts with the synced weights and sends the batches: the rollout workers,
+        or a streams plan's streams."""
+        group = self.stream if self.stream is not None else self.rollout
+        assert group is not None, "no rollout ranks before build()"
+        return group
+
     def _connect(self, layout: Layout) -> None:
-        self.obs_channel = Channel("observations", self.rollout, source="env")
-        self.action_channel = Channel("actions", self.env, route=BlockRoute(self.env_chunks(layout)), source="rollout")
+        if self.stream is None:  # a stream's env and policy share a process: no channel between them
+            self.obs_channel = Channel("observations", self.rollout, source="env")
+            self.action_channel = Channel("actions", self.env, route=BlockRoute(self.env_chunks(layout)), source="rollout")
         # every trainer rank waits for a whole collection's batch (on its own key): a phase, not one message
-        self.traj_channel = Channel("trajectories", self.trainer, phase=True, source="rollout")
+        self.traj_channel = Channel("trajectories", self.trainer, phase=True, source=self.acting.name)
 
     def apply(self, layout: Layout) -> None:
         pins = self._pinnings(layout, self.profile_)
-        resized = [c for c in ("env", "rollout") if len(layout.ranks_of(c)) != getattr(self, c).num_ranks]
-        for component in resized:  # another number of lanes or streams: new ranks (before any reserves more)
+        streams = layout.plan.mode == STREAMS
+        if streams:
+            rebuild = ["stream"] if self.stream is None or self.stream.num_ranks != layout.plan.lanes else []
+        else:
+            rebuild = [c for c in ("env", "rollout") if getattr(self, c) is None or len(layout.ranks_of(c)) != getattr(self, c).num_ranks]
+        # groups of another shape (lanes, streams, or streams <-> separate env and rollout workers) end
+        # before new ranks reserve their resources
+        gone = [c for c in ("env", "rollout", "stream") if getattr(self, c) is not None and (c in rebuild or (c == "stream") != streams)]
+        for component in gone:
             getattr(self, component).shutdown()
-        if resized:
+            setattr(self, component, None)
+        if rebuild:
             requests = self._checked_requests(self.cluster_, layout)
-            if "env" in resized:
+            if "stream" in rebuild:
+                self.stream = self._stream_group(layout, requests["stream"])
+            if "env" in rebuild:
                 self.env = self._env_group(layout, pins["env"], requests["env"])
-            if "rollout" in resized:
+            if "rollout" in rebuild:
                 self.rollout = self._rollout_group(layout, pins["rollout"], requests["rollout"])
         calls = [self.trainer.call("configure", pins["trainer"], self._offloads("trainer", layout), self._trainer_micro_batch(layout))]
-        if "env" not in resized:  # new ranks are built for the layout already
-            calls.append(self.env.call("configure", self.env_chunks(layout), pins["env"], self.env_split(layout)).as_phase())  # rebuilds the envs
-        if "rollout" not in resized:
+        if streams and not rebuild:  # new ranks are built for the layout already
+            calls.append(self.stream.call("configure", self.env_chunks(layout), self._stream_pinnings(layout, self.profile_),
+                                          self._offloads("rollout", layout)).as_phase())  # rebuilds the envs
+        if not streams and "env" not in rebuild:
+            calls.append(self.env.call("configure", self.env_chunks(layout), pins["env"], self.env_split(layout)).as_phase())
+        if not streams and "rollout" not in rebuild:
             calls.append(self.rollout.call("configure", layout.num_chunks, pins["rollout"], self._offloads("rollout", layout)))
         wait_all(*calls)
         self.layout = layout
@@ -266,7 +323,7 @@ class EmbodiedWorkflow(Workflow):
     def locations(self) -> dict[str, list[dict[str, Any]]]:
         """Where every rank of every worker group runs: host, Ray node id, pid."""
         out: dict[str, list[dict[str, Any]]] = {}
-        for group in (getattr(self, name, None) for name in ("env", "rollout", "trainer")):
+        for group in (getattr(self, name, None) for name in ("env", "rollout", "stream", "trainer")):
             if group is None:
                 continue
             out[group.name] = [{"rank": i, "host": loc.node, "node_id": loc.node_id, "pid": loc.pid} if loc else {"rank": i}
@@ -281,14 +338,17 @@ class EmbodiedWorkflow(Workflow):
         assert self.layout is not None, "iterate() before build()"
         t0 = time.perf_counter()
         weights = self.trainer.call("export_weights")  # rank 0's payload; one copy per node reads it
-        self._wait_trainer(weights, self.rollout.call("load_weights", weights.handle(0)))
+        self._wait_trainer(weights, self.acting.call("load_weights", weights.handle(0)))
         t_sync = time.perf_counter()
         T = cfg.algo.rollout_steps
-        env_f = self.env.call("interact", T, self.obs_channel, self.action_channel, iteration).as_phase()
-        roll_f = self.rollout.call("generate", T, self.obs_channel, self.action_channel, self.traj_channel).as_phase()
+        if self.stream is not None:  # each stream steps its envs and acts in them: one call makes both halves
+            env_f = roll_f = self.stream.call("collect", T, self.traj_channel, iteration).as_phase()
+        else:
+            env_f = self.env.call("interact", T, self.obs_channel, self.action_channel, iteration).as_phase()
+            roll_f = self.rollout.call("generate", T, self.obs_channel, self.action_channel, self.traj_channel).as_phase()
         overlap = cfg.algo.staleness > 0
         train_f = self._train_call(lr) if overlap and self.pending else None
-        wait_all(env_f, roll_f)
+        wait_all(*((env_f,) if env_f is roll_f else (env_f, roll_f)))
         t_rollout = time.perf_counter()
         stats: dict[str, Any] = self._wait_trainer(train_f)[0] if train_f is not None else {}
         if not overlap or last:
@@ -335,7 +395,7 @@ class EmbodiedWorkflow(Workflow):
         """Stop the worker groups (env processes end with their worker, as when the cluster
         shuts down): the cluster can run another layout's workers next (a benchmark measuring
         several plans in one cluster)."""
-        for name in ("env", "rollout", "trainer"):
+        for name in ("env", "rollout", "stream", "trainer"):
             group = getattr(self, name, None)
             if group is not None:
                 group.shutdown()
@@ -347,7 +407,7 @@ class EmbodiedWorkflow(Workflow):
             self.pending = False
 
     def _train_call(self, lr: float) -> GroupFuture:
-        return self.trainer.call("train", self.traj_channel, self.rollout.num_ranks, lr).as_phase()
+        return self.trainer.call("train", self.traj_channel, self.acting.num_ranks, lr).as_phase()
 
     def _episode_metrics(self, episodes: list[dict[str, float]]) -> dict[str, Any]:
         window = episodes if self.algorithm.grouped else list(self.recent)

@@ -15,6 +15,9 @@ planner's simulation of a timeline is based:
   policy; rank 0's weights, with a version number, go to every rollout rank through the
   :class:`WeightSyncer` before the next iteration. A rollout tags its batch with the version it used; the trainer
   refuses stale ones.
+* StreamWorker (a ``streams`` plan, one rank per stream): an EnvWorker's and a RolloutWorker's
+  halves (:class:`EnvChunks`, :class:`Inference`) in one process, taking turns on the stream's
+  chunk with no channel between them; it sends its batch to the trainer as a RolloutWorker does.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import copy
 import dataclasses
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,27 +103,27 @@ def group_seeds(cfg: EmbodiedConfig, first_env: int, count: int, iteration: int)
     return seeds, ids.astype(np.int64)
 
 
-class EnvWorker(Worker):
-    """Steps ``env.num_envs`` envs split into ``num_chunks`` independently stepped chunks (a
-    ``streams`` plan: ``split`` ranks step one configured worker's ``env.num_envs`` envs between them)."""
+class EnvChunks:
+    """The env side of a rank: ``env.num_envs`` envs split into ``num_chunks`` independently stepped
+    chunks (a ``streams`` plan: ``split`` ranks step one configured worker's ``env.num_envs`` envs
+    between them). A plain object: :class:`EnvWorker` steps it through channels, a
+    :class:`StreamWorker` in its own process. An env's failure names its index over all env workers."""
 
-    def __init__(self, cfg: EmbodiedConfig, num_chunks: int, pinning: Pinnings | None = None, grouped: bool = False,
-                 split: int = 1) -> None:
+    def __init__(self, cfg: EmbodiedConfig, grouped: bool = False) -> None:
         self.cfg = cfg
         self.grouped = grouped
         self.envs: list[Any] = []
-        self.configure(num_chunks, pinning or Pinning(None, cfg.workers.rollout_threads), split)
 
-    def configure(self, num_chunks: int, pinning: Pinnings, split: int = 1) -> None:
-        """(Re)build the chunks' envs for a plan: ``num_chunks`` chunks, each stepping its envs in
-        ``len(pinning.cores)`` processes pinned to those cores. Episodes restart. With ``split``
-        ranks per configured env worker (a ``streams`` plan: one rank per stream) rank r steps part
-        ``r % split`` of worker ``r // split``'s envs: an env keeps its index and seed whatever the split."""
+    def configure(self, rank: int, num_chunks: int, pinning: Pinning, split: int = 1) -> None:
+        """(Re)build the chunks' envs of rank ``rank`` for a plan: ``num_chunks`` chunks, each stepping
+        its envs in ``len(pinning.cores)`` processes pinned to those cores. Episodes restart. With
+        ``split`` ranks per configured env worker (a ``streams`` plan: one rank per stream) rank r
+        steps part ``r % split`` of worker ``r // split``'s envs: an env keeps its index and seed
+        whatever the split."""
         self.close()
-        pinning = own(pinning, self.rank)
         pinning.apply()
         cfg = self.cfg
-        worker, part = divmod(self.rank, split)  # the configured env worker this rank stands for, and its part
+        worker, part = divmod(rank, split)  # the configured env worker this rank stands for, and its part
         parts = chunk_sizes(cfg.env.num_envs, split)
         base = sum(parts[:part])  # this rank's first env within the configured worker's
         self.num_chunks = num_chunks
@@ -139,65 +144,63 @@ class EnvWorker(Worker):
     def spaces(self) -> tuple[Any, Any]:
         return self.envs[0].observation_space, self.envs[0].action_space
 
-    def interact(self, num_steps: int, obs_channel: Channel, action_channel: Channel, iteration: int = 0) -> dict[str, Any]:
-        """Run ``num_steps`` decisions of every chunk; returns the episodes that finished (grouped:
-        each env's first, the rollouts GRPO compares), the seconds spent simulating, the env steps
-        taken and the episodes ``env.nonfinite=drop`` ended (whose last step is not counted). Grouped (GRPO): every chunk first resets its envs
-        in groups (see :func:`group_seeds`). An env's failure names its index over all env workers."""
-        self._current_chunk = 0
+    @contextmanager
+    def _naming(self, c: int) -> Iterator[None]:
+        """A chunk's VecEnv counts its envs from 0: an :class:`EnvError` names the env over all env workers."""
         try:
-            return self._interact(num_steps, obs_channel, action_channel, iteration)
-        except EnvError as err:  # a chunk's VecEnv counts its envs from 0: name the env over all env workers
+            yield
+        except EnvError as err:
             if "env_index" in err.where:
-                err.where["env_index"] += self.first[self._current_chunk]
+                err.where["env_index"] += self.first[c]
             raise
 
-    def _interact(self, num_steps: int, obs_channel: Channel, action_channel: Channel, iteration: int) -> dict[str, Any]:
-        episodes: list[dict[str, float]] = []
-        sim_s = 0.0
-        env_steps = 0
-        nonfinite = 0
-        chunked = self.cfg.policy.action_chunk > 1
-        keys = [self.rank * self.num_chunks + c for c in range(self.num_chunks)]
-        for c, env in enumerate(self.envs):
-            self._current_chunk = c
-            group_ids = None
+    def start(self, c: int, iteration: int) -> EnvOutput:
+        """Chunk ``c``'s first observation of an iteration (chunk 0 starts the iteration's tallies).
+        Grouped (GRPO): the chunk's envs are reset in groups (see :func:`group_seeds`); else an
+        episode goes on from the last iteration."""
+        if c == 0:
+            self.episodes: list[dict[str, float]] = []
+            self.sim_s, self.env_steps, self.nonfinite = 0.0, 0, 0
+            # grouped: the iteration's rollouts are each env's first episode; the ones that start after
+            # it (auto-reset) are cut short by the next iteration's reset and trained on by nobody
+            self.first_episode = [np.ones(env.num_envs, bool) if self.grouped else None for env in self.envs]
+        env = self.envs[c]
+        group_ids = None
+        with self._naming(c):
+            t0 = time.perf_counter()
             if self.grouped:
                 seeds, group_ids = group_seeds(self.cfg, self.first[c], env.num_envs, iteration)
-                t0 = time.perf_counter()
                 self.obs[c] = env.reset(seed=seeds)
-                sim_s += time.perf_counter() - t0
             elif self.obs[c] is None:
-                t0 = time.perf_counter()
                 self.obs[c] = env.reset(seed=self.seeds[c])
-                sim_s += time.perf_counter() - t0
-            obs_channel.put(keys[c], EnvOutput(with_instructions(self.obs[c], self.instructions[c]), group_ids=group_ids))
-        # grouped: the iteration's rollouts are each env's first episode; the ones that start after it
-        # (auto-reset) are cut short by the next iteration's reset and trained on by nobody
-        first = [np.ones(env.num_envs, bool) if self.grouped else None for env in self.envs]
-        active = list(range(self.num_chunks))
-        for _ in range(num_steps):
-            for c in list(active):
-                env = self.envs[c]
-                actions = action_channel.get(keys[c])
-                if actions is None:  # the rollout needs no more steps of this chunk (GRPO: episodes over)
-                    active.remove(c)
-                    continue
-                self._current_chunk = c
-                t0 = time.perf_counter()
-                res = env.chunk_step(actions) if chunked else env.step(actions)
-                sim_s += time.perf_counter() - t0
-                out = env_output(res, self.instructions[c])
-                dropped = res.info.get(NONFINITE_INFO_KEY)
-                lost = 0 if dropped is None else int(to_numpy(dropped).sum())
-                nonfinite += lost
-                env_steps += int(out.valid.sum()) - lost  # a dropped episode's last step is not a real one
-                self.obs[c] = res.obs
-                episodes.extend(res.episodes.finished(among=first[c]))
-                if first[c] is not None:
-                    first[c] &= ~to_numpy(res.episodes.done).astype(bool)
-                obs_channel.put(keys[c], out)
-        return {"episodes": episodes, "sim_s": sim_s, "env_steps": env_steps, "nonfinite_episodes": nonfinite}
+            self.sim_s += time.perf_counter() - t0
+        return EnvOutput(with_instructions(self.obs[c], self.instructions[c]), group_ids=group_ids)
+
+    def step(self, c: int, actions: np.ndarray) -> EnvOutput:
+        """Step chunk ``c`` with one decision's ``actions`` (an action chunk for chunk policies)."""
+        env = self.envs[c]
+        with self._naming(c):
+            t0 = time.perf_counter()
+            res = env.chunk_step(actions) if self.cfg.policy.action_chunk > 1 else env.step(actions)
+            self.sim_s += time.perf_counter() - t0
+        out = env_output(res, self.instructions[c])
+        dropped = res.info.get(NONFINITE_INFO_KEY)
+        lost = 0 if dropped is None else int(to_numpy(dropped).sum())
+        self.nonfinite += lost
+        self.env_steps += int(out.valid.sum()) - lost  # a dropped episode's last step is not a real one
+        self.obs[c] = res.obs
+        first = self.first_episode[c]
+        self.episodes.extend(res.episodes.finished(among=first))
+        if first is not None:
+            first &= ~to_numpy(res.episodes.done).astype(bool)
+        return out
+
+    def tallies(self) -> dict[str, Any]:
+        """The iteration so far: the episodes that finished (grouped: each env's first, the rollouts
+        GRPO compares), the seconds spent simulating, the env steps taken and the episodes
+        ``env.nonfinite=drop`` ended (whose last step is not counted)."""
+        return {"episodes": self.episodes, "sim_s": self.sim_s, "env_steps": self.env_steps,
+                "nonfinite_episodes": self.nonfinite}
 
     def close(self) -> None:
         for env in self.envs:
@@ -205,39 +208,76 @@ class EnvWorker(Worker):
         self.envs = []
 
 
-class RolloutWorker(Worker):
-    """Runs policy inference for the env chunks it owns and records their trajectories."""
+class EnvWorker(Worker):
+    """Steps its :class:`EnvChunks` with the actions that arrive over a channel."""
 
-    def __init__(
-        self, cfg: EmbodiedConfig, observation_space: Any, action_space: Any, num_chunks: int,
-        pinning: Pinnings | None = None, record_values: bool = True, episodic: bool = False, offload: bool = False,
-    ) -> None:
-        """``record_values``: record the critic's values (critic-based algorithms). ``episodic``:
-        each iteration needs one episode per env (GRPO): a chunk stops stepping once every env's
-        first episode has ended, and its batch is padded with invalid decisions. ``offload``: see
-        :meth:`configure`."""
+    def __init__(self, cfg: EmbodiedConfig, num_chunks: int, pinning: Pinnings | None = None, grouped: bool = False,
+                 split: int = 1) -> None:
+        self.chunks = EnvChunks(cfg, grouped)
+        self.configure(num_chunks, pinning or Pinning(None, cfg.workers.rollout_threads), split)
+
+    def configure(self, num_chunks: int, pinning: Pinnings, split: int = 1) -> None:
+        """Rebuild the envs for a plan (:meth:`EnvChunks.configure`)."""
+        self.chunks.configure(self.rank, num_chunks, own(pinning, self.rank), split)
+
+    def spaces(self) -> tuple[Any, Any]:
+        return self.chunks.spaces()
+
+    def interact(self, num_steps: int, obs_channel: Channel, action_channel: Channel, iteration: int = 0) -> dict[str, Any]:
+        """Run ``num_steps`` decisions of every chunk, pipelined: each chunk sends its observation
+        and steps when its actions arrive (None: the rollout needs no more steps of the chunk);
+        returns :meth:`EnvChunks.tallies`."""
+        chunks = self.chunks
+        keys = [self.rank * chunks.num_chunks + c for c in range(chunks.num_chunks)]
+        for c in range(chunks.num_chunks):
+            obs_channel.put(keys[c], chunks.start(c, iteration))
+        active = list(range(chunks.num_chunks))
+        for _ in range(num_steps):
+            for c in list(active):
+                actions = action_channel.get(keys[c])
+                if actions is None:  # the rollout needs no more steps of this chunk (GRPO: episodes over)
+                    active.remove(c)
+                    continue
+                obs_channel.put(keys[c], chunks.step(c, actions))
+        return chunks.tallies()
+
+    def close(self) -> None:
+        self.chunks.close()
+
+
+class Inference:
+    """The rollout side of a rank: the policy at the synced weights, recording one
+    :class:`TrajectoryRecorder` per chunk key it serves. A plain object: :class:`RolloutWorker`
+    serves it over channels, a :class:`StreamWorker` in its own process.
+
+    ``record_values``: record the critic's values (critic-based algorithms). ``episodic``: each
+    iteration needs one episode per env (GRPO): a chunk stops stepping once every env's first
+    episode has ended, and its batch is padded with invalid decisions.
+    """
+
+    def __init__(self, cfg: EmbodiedConfig, observation_space: Any, action_space: Any, rank: int,
+                 record_values: bool = True, episodic: bool = False) -> None:
         self.cfg = cfg
         self.episodic = episodic
         self.device = resolve_device(cfg.workers.rollout_device)
         self.policy = build_policy(cfg.policy, observation_space, action_space).to(self.device).eval()
         self.syncer = WeightSyncer()
         self.version = -1
-        self.rng = RngStream(cfg.seed + 7919 * (self.rank + 1), self.device)
+        self.rng = RngStream(cfg.seed + 7919 * (rank + 1), self.device)
         self.record_values, self.action_space = record_values, action_space
         self.offloader = Offloader(self.policy)
         self.onload_s = 0.0
-        self.configure(num_chunks, pinning or Pinning(None, cfg.workers.rollout_threads), offload)
+        self.offload_between_phases = False
+        self.keys: list[int] = []
 
-    def configure(self, num_chunks: int, pinning: Pinnings, offload: bool = False) -> None:
-        """Serve the keys of ``num_chunks`` chunks per env worker, pinned as ``pinning`` says.
-        With ``offload`` (a plan that colocates the rollout with the trainer) the policy's weights
-        leave the device after each collection and come back with the next weights."""
-        own(pinning, self.rank).apply()
+    def configure(self, keys: list[int], offload: bool = False) -> None:
+        """Serve chunk ``keys``. With ``offload`` (a plan that colocates the rollout with the
+        trainer) the policy's weights leave the device after each collection and come back with
+        the next weights."""
         self.offload_between_phases = offload
         if not offload and self.offloader.is_offloaded:
             self.offloader.onload()
-        total_keys = self.cfg.workers.env * num_chunks
-        self.keys = [k for k in range(total_keys) if k % self.world_size == self.rank]
+        self.keys = list(keys)
         self.recorders = {k: TrajectoryRecorder(self.policy, self.device, self.record_values, self.action_space, self.rng)
                           for k in self.keys}
 
@@ -247,37 +287,145 @@ class RolloutWorker(Worker):
         self.version = self.syncer.load(self.policy, payload)
         return self.version
 
-    def generate(self, num_steps: int, obs_channel: Channel, action_channel: Channel, traj_channel: Channel) -> dict[str, Any]:
+    def begin(self) -> None:
+        """A collection begins."""
         if self.version < 0:
             raise RuntimeError("generate() before load_weights(): the rollout has no policy weights")
-        infer_s = 0.0
-        recorders = self.recorders
-        active = list(self.keys)
-        for t in range(num_steps + 1):
-            for key in list(active):
-                out: EnvOutput = obs_channel.get(key)
-                t0 = time.perf_counter()
-                rec = recorders[key]
-                if t == 0:
-                    rec.begin(out)
-                else:
-                    rec.observe(out)
-                if t < num_steps:
-                    if self.episodic and rec.first_episodes_done():
-                        action_channel.put(key, None)  # stop the chunk: its episodes are all over
-                        active.remove(key)
-                    else:
-                        action_channel.put(key, rec.act())
-                infer_s += time.perf_counter() - t0
+        self.infer_s = 0.0
+
+    def decide(self, key: int, out: EnvOutput, t: int, num_steps: int) -> np.ndarray | None:
+        """Record chunk ``key``'s env output of decision ``t`` (its first observation at t = 0) and
+        return the env actions of decision ``t``; None after the last decision, or when the chunk
+        needs no more steps (episodic: its first episodes are all over)."""
+        with self.timed():
+            rec = self.recorders[key]
+            if t == 0:
+                rec.begin(out)
+            else:
+                rec.observe(out)
+            if t < num_steps and not (self.episodic and rec.first_episodes_done()):
+                return rec.act()
+            return None
+
+    @contextmanager
+    def timed(self) -> Iterator[None]:
+        """Count the block's seconds as the rollout's (``infer_s``): its inference and recording,
+        and sending their results where a channel takes them."""
         t0 = time.perf_counter()
-        batch = TrajectoryBatch.concat([recorders[k].finish(self.version, num_steps) for k in self.keys])
-        infer_s += time.perf_counter() - t0
-        for trainer_rank in range(traj_channel.num_ranks):  # every data-parallel trainer rank trains on all of it
-            traj_channel.put(trainer_rank, batch)
-        out = {"infer_s": infer_s, "version": self.version}
-        if self.offload_between_phases:  # the rollout's phase ends: its weights leave the device
+        try:
+            yield
+        finally:
+            self.infer_s += time.perf_counter() - t0
+
+    def finish(self, num_steps: int) -> TrajectoryBatch:
+        """The collection's batch over every served chunk (``num_steps`` decisions, padded)."""
+        with self.timed():
+            return TrajectoryBatch.concat([self.recorders[k].finish(self.version, num_steps) for k in self.keys])
+
+    def end(self) -> dict[str, Any]:
+        """The collection ends: seconds of inference, the weights' version; with offloading the
+        weights leave the device (and the seconds of both moves)."""
+        out: dict[str, Any] = {"infer_s": self.infer_s, "version": self.version}
+        if self.offload_between_phases:
             out.update(onload_s=self.onload_s, offload_s=self.offloader.offload().seconds)
         return out
+
+
+def send_batch(traj_channel: Channel, batch: TrajectoryBatch) -> None:
+    """Every data-parallel trainer rank trains on all of the batch (on its own key)."""
+    for trainer_rank in range(traj_channel.num_ranks):
+        traj_channel.put(trainer_rank, batch)
+
+
+class RolloutWorker(Worker):
+    """Runs policy inference for the env chunks it owns (:class:`Inference`) over channels."""
+
+    def __init__(
+        self, cfg: EmbodiedConfig, observation_space: Any, action_space: Any, num_chunks: int,
+        pinning: Pinnings | None = None, record_values: bool = True, episodic: bool = False, offload: bool = False,
+    ) -> None:
+        """``record_values``, ``episodic``: see :class:`Inference`; ``offload``: :meth:`configure`."""
+        self.cfg = cfg
+        self.inference = Inference(cfg, observation_space, action_space, self.rank, record_values, episodic)
+        self.configure(num_chunks, pinning or Pinning(None, cfg.workers.rollout_threads), offload)
+
+    def configure(self, num_chunks: int, pinning: Pinnings, offload: bool = False) -> None:
+        """Serve the keys of ``num_chunks`` chunks per env worker, pinned as ``pinning`` says
+        (``offload``: :meth:`Inference.configure`)."""
+        own(pinning, self.rank).apply()
+        total_keys = self.cfg.workers.env * num_chunks
+        self.inference.configure([k for k in range(total_keys) if k % self.world_size == self.rank], offload)
+
+    def load_weights(self, payload: WeightPayload) -> int:
+        return self.inference.load_weights(payload)
+
+    def generate(self, num_steps: int, obs_channel: Channel, action_channel: Channel, traj_channel: Channel) -> dict[str, Any]:
+        inference = self.inference
+        inference.begin()
+        active = list(inference.keys)
+        for t in range(num_steps + 1):
+            for key in list(active):
+                actions = inference.decide(key, obs_channel.get(key), t, num_steps)
+                if t < num_steps:
+                    with inference.timed():  # what the pipeline pays for a decision includes sending it
+                        action_channel.put(key, actions)
+                    if actions is None:  # the env stops stepping the chunk
+                        active.remove(key)
+        send_batch(traj_channel, inference.finish(num_steps))
+        return inference.end()
+
+
+class StreamWorker(Worker):
+    """One stream of a ``streams`` plan: its env chunk and the policy that acts in it in one
+    process, pinned to the stream's cores, taking turns with no message between them (an
+    :class:`EnvWorker` and a :class:`RolloutWorker` would pass every observation and action
+    through a channel and switch processes on the core). Rank s steps part s of the configured
+    env worker's envs (each keeping its index and seed) and sends its batch to the trainer."""
+
+    def __init__(self, cfg: EmbodiedConfig, num_chunks: int, pinning: Pinnings | None = None, record_values: bool = True,
+                 grouped: bool = False, offload: bool = False) -> None:
+        pinning = pinning or Pinning(None, cfg.workers.rollout_threads)
+        self.cfg = cfg
+        self.chunks = EnvChunks(cfg, grouped)
+        self.chunks.configure(self.rank, num_chunks, own(pinning, self.rank), self.world_size)
+        observation_space, action_space = self.chunks.spaces()
+        self.inference = Inference(cfg, observation_space, action_space, self.rank, record_values, episodic=grouped)
+        self.inference.configure(self._keys(), offload)
+
+    def _keys(self) -> list[int]:
+        return [self.rank * self.chunks.num_chunks + c for c in range(self.chunks.num_chunks)]
+
+    def configure(self, num_chunks: int, pinning: Pinnings, offload: bool = False) -> None:
+        """Rebuild the envs (episodes restart) and serve their chunks, as ``pinning`` says."""
+        self.chunks.configure(self.rank, num_chunks, own(pinning, self.rank), self.world_size)
+        self.inference.configure(self._keys(), offload)
+
+    def spaces(self) -> tuple[Any, Any]:
+        return self.chunks.spaces()
+
+    def load_weights(self, payload: WeightPayload) -> int:
+        return self.inference.load_weights(payload)
+
+    def collect(self, num_steps: int, traj_channel: Channel, iteration: int = 0) -> dict[str, Any]:
+        """``num_steps`` decisions of every chunk, env and policy taking turns; sends the batch to
+        the trainer and returns :meth:`EnvChunks.tallies` with :meth:`Inference.end`'s."""
+        chunks, inference = self.chunks, self.inference
+        inference.begin()
+        keys = self._keys()
+        outs = [chunks.start(c, iteration) for c in range(chunks.num_chunks)]
+        active = list(range(chunks.num_chunks))
+        for t in range(num_steps + 1):
+            for c in list(active):
+                actions = inference.decide(keys[c], outs[c], t, num_steps)
+                if actions is None:
+                    active.remove(c)
+                    continue
+                outs[c] = chunks.step(c, actions)
+        send_batch(traj_channel, inference.finish(num_steps))
+        return {**chunks.tallies(), **inference.end()}
+
+    def close(self) -> None:
+        self.chunks.close()
 
 
 class TrainerWorker(Worker):

@@ -48,6 +48,9 @@ class Task:
     occupies all its devices alone."""
     threads: int = 1
     """Lane tasks: cores the task keeps busy at full speed (``duration_s`` is its time then)."""
+    process: str | None = None
+    """The process that runs the task where several components share one (a ``streams`` plan's
+    stream): messages between tasks of one process are passed in memory, at no cost."""
 
 
 def chunk_sizes(total: int, num_chunks: int) -> tuple[int, ...]:

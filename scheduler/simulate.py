@@ -103,6 +103,8 @@ def _inputs_ready(task: Task, times: dict[str, tuple[float, float]], by_name: di
 
 
 def _pays_message(sender: Task, receiver: Task, cross_process: bool) -> bool:
+    if sender.process is not None and sender.process == receiver.process:
+        return False
     if sender.lane is not None or receiver.lane is not None:
         return sender.lane != receiver.lane
     return sender.devices != receiver.devices or (cross_process and sender.component != receiver.component)

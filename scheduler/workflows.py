@@ -17,7 +17,8 @@ Kinds live in :data:`WORKFLOW_KINDS` (a registry of builder specs, no if/elif on
     ``"env"`` and chunk c's rollout tasks on lane ``"rollout {c % lanes}"``, each priced at one
     thread, sharing the pool's cores (see :mod:`scheduler.simulate`). In ``streams`` mode chunk c's
     env and rollout tasks both run on stream c's cores (``Plan.stream_devices``), priced at that
-    many threads: each stream alternates on its own cores, the streams side by side.
+    many threads: each stream alternates on its own cores, the streams side by side, and its env
+    and rollout tasks share one process (``Task.process``: no message between them).
     With ``train_overlap`` (steady state of one-step-stale training, ``algo.staleness=1``) the trainer
     trains on the *previous* iteration's samples, so its epochs wait for no message of this
     iteration: they start as soon as their devices are free, and the weight sync follows both.
@@ -229,17 +230,18 @@ def _embodied_build(w: Workflow, plan: Plan, profile: Profile) -> list[Task]:
     rollout_s = [rollout.cost.time_s(s, 1 if shared else len(rollout_on[c])) for c, s in enumerate(sizes)]
     env_lane = "env" if shared else None
     rollout_lane = [f"rollout {c % plan.lanes}" if shared else None for c in range(len(sizes))]
+    process = [f"stream {c}" if plan.mode == STREAMS else None for c in range(len(sizes))]  # env and policy: one process
     steps = w.rollout_steps
     tasks: list[Task] = []
     for t in range(steps + 1):
         for c, size in enumerate(sizes):
             obs = () if t == 0 else (Dep(f"env t{t - 1} c{c}", size * env.output_mib_per_item),)
             tasks.append(Task(f"rollout t{t} c{c}", "rollout", rollout_on[c], rollout_s[c], obs, (0, WORK, t, c, 0), t, c,
-                              lane=rollout_lane[c]))
+                              lane=rollout_lane[c], process=process[c]))
             if t < steps:
                 actions = (Dep(f"rollout t{t} c{c}", size * rollout.output_mib_per_item),)
                 tasks.append(Task(f"env t{t} c{c}", "env", env_on[c], env_s[c], actions, (0, WORK, t, c, 1), t, c,
-                                  lane=env_lane))
+                                  lane=env_lane, process=process[c]))
 
     sample_mib = env.output_mib_per_item + rollout.output_mib_per_item
     trajectories = tuple(Dep(f"rollout t{steps} c{c}", size * steps * sample_mib) for c, size in enumerate(sizes))

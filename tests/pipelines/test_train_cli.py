@@ -245,9 +245,9 @@ def test_forced_plan_with_chunks_and_trainer_offload(tmp_path):
     assert all(r["plan/predicted_iteration_s"] > 0 and r["plan/measured_over_predicted"] > 0 for r in rows)
 
 
-def test_forced_streams_plan_runs_an_env_and_a_rollout_rank_per_stream(tmp_path):
-    """A streams plan on 2 cores: env rank s and rollout rank s pinned to core s, one chunk each;
-    the iterations take every env step of the configured batch."""
+def test_forced_streams_plan_runs_a_stream_rank_per_stream(tmp_path):
+    """A streams plan on 2 cores: stream rank s (its env and its policy in one process) pinned to
+    core s, one chunk each; the iterations take every env step of the configured batch."""
     run = tmp_path / "streams"
     result = embodied(
         "train", "cartpole_ppo", f"run.dir={run}", "algo.total_env_steps=2048", "logging.wandb=false",
@@ -259,7 +259,8 @@ def test_forced_streams_plan_runs_an_env_and_a_rollout_rank_per_stream(tmp_path)
     assert (plan["plan"]["mode"], plan["plan"]["lanes"]) == ("streams", 2)
     assert [r["cores"] for r in plan["layout"]["env"]] == [[0], [1]]
     assert [r["cores"] for r in plan["layout"]["rollout"]] == [[0], [1]]
-    assert len({w["pid"] for w in plan["workers"]["env"] + plan["workers"]["rollout"]}) == 4
+    assert sorted(plan["workers"]) == ["stream", "trainer"]
+    assert len({w["pid"] for w in plan["workers"]["stream"]}) == 2
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     steps = plan["workflow"]["num_envs"] * plan["workflow"]["rollout_steps"]
     assert rows and all(r["plan/mode"] == "streams" for r in rows)

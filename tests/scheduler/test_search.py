@@ -295,10 +295,16 @@ def test_streams_two_cores_by_hand_and_chosen_when_fastest():
     best = plan(workflow, prof, resources).best
     assert (best.mode, best.num_chunks, best.lanes) == ("streams", 2, 2)
     assert best.predicted_iteration_s == pytest.approx(1.75)
-    # messages between a stream's env and rollout ranks cost what any other cross-process message
-    # does: actions, observations, trajectories to the trainer, weights back (0.1 s each)
+    # a stream's env and policy share one process: its actions and observations cost nothing, while
+    # the trajectories to the trainer and the weights back pay a cross-process message (0.1 s each)
     slow = dataclasses.replace(prof, transfer_latency_s=0.1, cross_process_messages=True)
-    assert simulate(streams, slow, workflow, resources).makespan_s == pytest.approx(1.75 + 4 * 0.1)
+    timeline = simulate(streams, slow, workflow, resources)
+    times = {s.label: (s.start_s, s.end_s) for s in timeline.spans}
+    assert times["env t0 c0"] == (0.5, 0.75) and times["rollout t1 c0"] == (0.75, 1.25)
+    assert timeline.makespan_s == pytest.approx(1.75 + 2 * 0.1)
+    # a colocated plan on the same cores pays for every hop: its env and rollout are processes of their own
+    colocated = Plan("colocated", pool, 2, None, (), math.nan)
+    assert simulate(colocated, slow, workflow, resources).makespan_s > simulate(colocated, prof, workflow, resources).makespan_s + 3 * 0.1
 
 
 def test_streams_plans_are_validated():
