@@ -186,7 +186,7 @@ class PlanConfig:
     """Placement mode; ``auto`` lets the planner choose from the profile. ``shared`` (env and
     rollout unpinned on all cores, the rollout in one-thread lanes; docs/planner.md) needs an
     ``inprocess`` env and ``cluster.backend=ray``. ``streams`` (the cores cut into streams, each
-    an env and a rollout rank pinned together on one chunk) needs ``workers.env=1`` and
+    one process pinned to its cores that steps one chunk and acts in it) needs ``workers.env=1`` and
     ``cluster.backend=ray``."""
     chunks: int | None = None
     """Env micro-chunks per env worker; None lets the planner choose."""
