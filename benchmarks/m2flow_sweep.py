@@ -9,7 +9,9 @@ distinct placement, chunk count, offload set and micro-batch, up to ``--max-chun
 sequential plan always) afresh and run ``--warmup`` untimed then ``--iterations`` timed training
 iterations of it (at least as many as calibration measures a plan for: about 0.5 s of them),
 re-planning off. Per recipe it reports each candidate's predicted (probes alone,
-and corrected by calibration) and measured seconds per iteration, the run's choice against the
+and corrected by calibration) and measured seconds per iteration (an episodic GRPO iteration ends
+once its episodes are over, sooner while the policy is young: each is predicted as it ran, at the
+decisions it took and the samples it trained on), the run's choice against the
 measured best, the work-conservation bound (``scheduler.bounds``), and how much of the gap
 between sequential and the bound the choice captures.
 
@@ -106,22 +108,32 @@ def calibrate(cfg: EmbodiedConfig, cluster: Cluster) -> tuple[Calibrated | None,
         workflow.close()
 
 
-def measure(cfg: EmbodiedConfig, cluster: Cluster, profile: Profile, plan: Plan, warmup: int, iterations: int) -> list[float]:
-    """Seconds of ``iterations`` training iterations (after ``warmup``) under exactly ``plan``."""
+def measure(cfg: EmbodiedConfig, cluster: Cluster, profile: Profile, plan: Plan, warmup: int,
+            iterations: int) -> tuple[list[float], list[float]]:
+    """Seconds of ``iterations`` training iterations (after ``warmup``) under exactly ``plan``, and
+    each one's predicted share of a full iteration (1.0 unless an episodic iteration ended early:
+    :meth:`~pipelines.workflow.Workflow.shape_scale`)."""
     workflow = EmbodiedWorkflow(cfg)
     runner = Runner(cfg, None, workflow)
     workflow.machine(cluster)
     layout = workflow.layout_of(plan)
     workflow.build(cluster, layout, profile)
     try:
-        times = []
+        times, scales = [], []
         for it in range(warmup + iterations):
             metrics = runner.step()
             if it >= warmup:
                 times.append(metrics["time/iteration_s"])
-        return times
+                scales.append(workflow.shape_scale(plan, profile, metrics))
+        return times, scales
     finally:
         workflow.close()
+
+
+def error(predicted_full: float, times: list[float], scales: list[float]) -> float:
+    """Median relative error of the prediction for each iteration as it ran (the full iteration's
+    prediction times the iteration's shape scale) against its measured seconds."""
+    return statistics.median((predicted_full * s - t) / t for t, s in zip(times, scales))
 
 
 def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]:
@@ -146,23 +158,24 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
         for i, p in enumerate(plans):
             predicted = corrected.get(p.key(), p.predicted_iteration_s)
             # short iterations are noisy: at least as many as calibration measures a plan for
-            times = measure(cfg, cluster, profile, p, args.warmup, max(args.iterations, iterations_for(predicted)))
-            measured = statistics.median(times)
+            times, scales = measure(cfg, cluster, profile, p, args.warmup, max(args.iterations, iterations_for(predicted)))
+            measured, scale = statistics.median(times), statistics.median(scales)
             row = {
                 "plan": describe(p), "mode": p.mode, "chunks": p.num_chunks,
                 "placement": {c: list(d) for c, d in p.placement.items()}, "offload": list(p.offload),
                 "train_microbatch": p.train_microbatch,
-                "profiled_s": p.predicted_iteration_s, "predicted_s": predicted,
-                "measured_s": measured, "measured_all_s": times,
-                "profiled_error": (p.predicted_iteration_s - measured) / measured,
-                "error": (predicted - measured) / measured,
+                # predictions for the iterations as they ran (an episodic one may end early: scale < 1)
+                "profiled_s": p.predicted_iteration_s * scale, "predicted_s": predicted * scale,
+                "measured_s": measured, "measured_all_s": times, "shape_scales": scales,
+                "profiled_error": error(p.predicted_iteration_s, times, scales),
+                "error": error(predicted, times, scales),
                 "calibrated": calibrated is not None and any(m.plan.key() == p.key() for m in calibrated.measurements),
                 "chosen": p.key() == chosen_plan.key(), "first_choice": p.key() == result.best.key(),
                 "sequential": p.key() == sequential.key(),
             }
             rows.append(row)
-            print(f"  [{i + 1}/{len(plans)}] {row['plan']:<44} profiled {p.predicted_iteration_s:7.3f} s, corrected "
-                  f"{predicted:7.3f} s, measured {measured:7.3f} s ({100 * row['error']:+.1f}%)"
+            print(f"  [{i + 1}/{len(plans)}] {row['plan']:<44} profiled {row['profiled_s']:7.3f} s, corrected "
+                  f"{row['predicted_s']:7.3f} s, measured {measured:7.3f} s ({100 * row['error']:+.1f}%)"
                   f"{'  <- chosen' if row['chosen'] else ''}", flush=True)
     chosen = next(r for r in rows if r["chosen"])
     first = next(r for r in rows if r["first_choice"])

@@ -81,7 +81,8 @@ class Measurement:
     plan: Plan
     """The candidate as the planner priced it from the profile."""
     iteration_s: float
-    """Median measured seconds per iteration."""
+    """Median measured seconds per iteration (an episodic iteration that ended early counted as
+    the full one it stands for, :meth:`Workflow.shape_scale`)."""
     factors: dict[str, float]
     """Component -> median measured / profiled seconds per call under this plan."""
     residual_s: float
@@ -189,7 +190,7 @@ class Calibrator:
         assert self.current is not None and layout.plan.key() == self.current.key()
         self.samples.append((iteration, metrics))
         self.spent += 1
-        if not measured_enough([m["time/iteration_s"] for _, m in self.samples], self.budget - self.spent):
+        if not measured_enough([self._full_s(self.current, m) for _, m in self.samples], self.budget - self.spent):
             return None
         measurement = self._measure(self.current, layout, self.samples)
         self.measured[self.current.key()] = measurement
@@ -213,9 +214,16 @@ class Calibrator:
         per_call = [self.workflow.measured_factors(self.profile, layout, m) for _, m in samples]
         names = sorted({n for f in per_call for n in f})
         factors = {n: statistics.median(f[n] for f in per_call if n in f) for n in names}
-        seconds = statistics.median(m["time/iteration_s"] for _, m in samples)
+        seconds = statistics.median(self._full_s(plan, m) for _, m in samples)
         residual = seconds - self._predict(plan, factors)
         return Measurement(plan, seconds, factors, residual, tuple(i for i, _ in samples))
+
+    def _full_s(self, plan: Plan, metrics: dict[str, Any]) -> float:
+        """The measured seconds of an iteration as those of a full one: an episodic iteration that
+        ended early (a young policy's short episodes) scaled by the simulations of both shapes, so
+        that plans measured at different episode lengths compare."""
+        assert self.profile is not None
+        return metrics["time/iteration_s"] / self.workflow.shape_scale(plan, self.profile, metrics)
 
     def _closest(self, plan: Plan) -> Measurement | None:
         """The measurement whose conditions are most like ``plan``'s: itself, then the same

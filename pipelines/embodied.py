@@ -88,8 +88,8 @@ class EmbodiedWorkflow(Workflow):
         return self.cfg.algo.total_env_steps
 
     # --- planning ----------------------------------------------------------------------------------
-    def planner_workflow(self) -> PlannerWorkflow:
-        return workflow_of(self.cfg)
+    def planner_workflow(self, metrics: dict[str, Any] | None = None) -> PlannerWorkflow:
+        return workflow_of(self.cfg, metrics)
 
     def profile(self, cluster: Cluster, force: bool, log: Callable[[str], None]) -> Profile:
         return profile_embodied(self.cfg, cluster, force=force, log=log)
@@ -362,6 +362,7 @@ class EmbodiedWorkflow(Workflow):
         episodes = [e for out in env_out for e in out["episodes"]]
         self.recent.extend(episodes)
         steps = sum(int(out["env_steps"]) for out in env_out)  # taken (action chunks may end early)
+        decisions = [d for out in env_out for d in out["decisions"]]  # per chunk (episodic: until its episodes ended)
         nonfinite = sum(int(out.get("nonfinite_episodes", 0)) for out in env_out)
         if nonfinite:
             LOG.warning(f"[embodied] {nonfinite} episode(s) ended on NaN/inf from the env in iteration {iteration + 1} "
@@ -378,6 +379,7 @@ class EmbodiedWorkflow(Workflow):
             "time/iteration_s": t_train - t0,
             "time/sim_s": float(np.mean([o["sim_s"] for o in env_out])),
             "time/infer_s": float(np.mean([o["infer_s"] for o in roll_out])),
+            "rollout/decisions": float(np.mean(decisions)),
             "env/nonfinite_episodes": nonfinite,
             "plan/chunks": plan.num_chunks,
             "plan/mode": plan.mode,
@@ -387,8 +389,11 @@ class EmbodiedWorkflow(Workflow):
             "offload/rollout_onload_s": float(np.mean([o["onload_s"] for o in roll_out])) if "onload_s" in roll_out[0] else None,
             **stats,
         }
-        if self.profile_ is not None and "time/train_s" in stats:
-            metrics["plan/measured_over_predicted"] = metrics["time/iteration_s"] / plan.predicted_iteration_s
+        if self.profile_ is not None:  # the prediction for the iteration as it ran (episodic: it may end early)
+            predicted = plan.predicted_iteration_s * self.shape_scale(plan, self.profile_, metrics)
+            metrics["plan/predicted_iteration_s"] = predicted
+            if "time/train_s" in stats:
+                metrics["plan/measured_over_predicted"] = metrics["time/iteration_s"] / predicted
         return metrics
 
     def close(self) -> None:

@@ -53,6 +53,7 @@ from scheduler import (
     Profile,
     Resources,
     Workflow,
+    call_sizes,
     chunk_sizes,
     fit_cost_model,
     plan,
@@ -71,17 +72,37 @@ def resources_of(cfg: EmbodiedConfig) -> Resources:
     return cpu_resources(cfg.cluster.num_cpus)
 
 
-def workflow_of(cfg: EmbodiedConfig) -> Workflow:
+def workflow_of(cfg: EmbodiedConfig, metrics: dict[str, Any] | None = None) -> Workflow:
+    """The macro flow as the planner sees it: every env takes ``algo.rollout_steps`` decisions and
+    the trainer trains on all of them. With an iteration's ``metrics``, the iteration as it ran (see
+    :func:`iteration_shape`): an episodic one that ended early took fewer decisions and trained on
+    fewer samples."""
     num_envs = cfg.env.num_envs * cfg.workers.env
-    samples = num_envs * cfg.algo.rollout_steps
+    decisions, samples = iteration_shape(cfg, metrics) if metrics is not None else (None, None)
+    trained = samples if samples is not None else num_envs * cfg.algo.rollout_steps
     return Workflow.embodied(
         num_envs=num_envs,
-        rollout_steps=cfg.algo.rollout_steps,
+        rollout_steps=decisions if decisions is not None else cfg.algo.rollout_steps,
         train_epochs=cfg.algo.epochs,
-        train_minibatch=max(1, samples // cfg.algo.num_minibatches),
+        train_minibatch=max(1, trained // cfg.algo.num_minibatches),
         train_overlap=cfg.algo.staleness > 0,
         ranks={"env": cfg.workers.env, "rollout": cfg.workers.rollout, "trainer": cfg.workers.trainer},
+        train_samples=samples,
     )
+
+
+def iteration_shape(cfg: EmbodiedConfig, metrics: dict[str, Any]) -> tuple[int | None, int | None]:
+    """``(decisions, samples)`` of the iteration ``metrics`` describe where it ended early, else
+    None each: an episodic (GRPO) iteration stops a chunk once its episodes are over, so it takes
+    ``rollout/decisions`` decisions per chunk (the mean over chunks, rounded up) and trains on
+    ``charts/samples`` (the decisions the episodes took; staleness 1: the previous collection's)."""
+    T = cfg.algo.rollout_steps
+    taken = metrics.get("rollout/decisions")
+    decisions = None if taken is None or taken >= T else max(1, math.ceil(taken))
+    trained = metrics.get("charts/samples")
+    full = cfg.env.num_envs * cfg.workers.env * T
+    samples = None if trained is None or int(trained) >= full else max(1, int(trained))
+    return decisions, samples
 
 
 def machine_of(cfg: EmbodiedConfig, cluster: Cluster) -> Machine:
@@ -734,11 +755,12 @@ def prefer_simple(result: PlanResult, margin: float = SIMPLICITY_MARGIN) -> Plan
     return dataclasses.replace(result, best=plan_, best_timeline=timeline)
 
 
-def shared_wall_s(profile: Profile, layout: Layout, cfg: EmbodiedConfig) -> dict[str, float]:
-    """A shared plan's predicted wall seconds of every env and rollout call in one iteration, per
-    component (the simulation's spans: a call slowed down while more threads than cores run in
-    the pool takes longer than its profiled cost, as it does when measured)."""
-    timeline = simulate(layout.plan, profile, workflow_of(cfg), resources_of(cfg))
+def shared_wall_s(profile: Profile, layout: Layout, cfg: EmbodiedConfig, metrics: dict[str, Any] | None = None) -> dict[str, float]:
+    """A shared plan's predicted wall seconds of every env and rollout call in one iteration (of
+    the shape ``metrics`` describe, see :func:`workflow_of`), per component (the simulation's
+    spans: a call slowed down while more threads than cores run in the pool takes longer than its
+    profiled cost, as it does when measured)."""
+    timeline = simulate(layout.plan, profile, workflow_of(cfg, metrics), resources_of(cfg))
     calls = {s.label: (s.component, s.end_s - s.start_s) for s in timeline.spans if s.kind == "work"}
     walls: dict[str, float] = {}
     for component, seconds in calls.values():
@@ -750,13 +772,14 @@ def measured_factors(profile: Profile, layout: Layout, cfg: EmbodiedConfig, metr
     """Measured / profiled seconds per call of env, rollout and trainer in one iteration. In a
     shared plan the env's and the lanes' calls are compared with their simulated wall time (the
     pool's cores shared, :func:`shared_wall_s`), not with their cost alone. The metrics are the
-    mean over ranks (a streams plan's ranks each make one stream's calls)."""
-    T, k = cfg.algo.rollout_steps, layout.num_chunks
-    workflow = workflow_of(cfg)
+    mean over ranks (a streams plan's ranks each make one stream's calls). Calls are counted as the
+    iteration made them (an episodic iteration that ended early made fewer)."""
+    workflow = workflow_of(cfg, metrics)
+    T, k = workflow.rollout_steps, layout.num_chunks
     chunk = math.ceil(workflow.num_envs / k)
     devices = {name: len(placed) for name, placed in layout.plan.placement.items()}
     if layout.plan.mode == SHARED:  # one env worker; each lane (a rollout rank) makes its chunks' calls
-        walls = shared_wall_s(profile, layout, cfg)
+        walls = shared_wall_s(profile, layout, cfg, metrics)
         env_pred, roll_pred = walls.get("env", 0.0), walls.get("rollout", 0.0) / layout.plan.lanes
     elif layout.plan.mode == STREAMS:  # every env and rollout rank makes its stream's one chunk's calls
         streams = list(zip(chunk_sizes(workflow.num_envs, k), layout.plan.stream_devices("env")))
@@ -765,11 +788,11 @@ def measured_factors(profile: Profile, layout: Layout, cfg: EmbodiedConfig, metr
     else:
         env_pred = profile["env"].cost.time_s(math.ceil(cfg.env.num_envs / k), devices["env"]) * T * k
         roll_pred = profile["rollout"].cost.time_s(chunk, devices["rollout"]) * (T + 1) * k  # per rank
-    mb = layout.plan.train_microbatch or workflow.train_minibatch
-    # the epochs the update ran (``algo.target_kl`` may stop it early), not the configured ones
+    # the calls of the trainer's simulation: minibatches in micro-batches, for the epochs the update
+    # ran (``algo.target_kl`` may stop it early), not the configured ones
     epochs = metrics.get("losses/epochs") or cfg.algo.epochs
-    calls = epochs * math.ceil(workflow.num_envs * T / mb)
-    trainer_pred = profile["trainer"].cost.time_s(mb, devices["trainer"]) * calls
+    calls = [b for mb in call_sizes(workflow.samples, workflow.train_minibatch) for b in call_sizes(mb, layout.plan.train_microbatch)]
+    trainer_pred = epochs * sum(profile["trainer"].cost.time_s(b, devices["trainer"]) for b in calls)
     measured = {"env": metrics["time/sim_s"], "rollout": metrics["time/infer_s"], "trainer": metrics["time/train_s"]}
     predicted = {"env": env_pred, "rollout": roll_pred, "trainer": trainer_pred}
     return {name: measured[name] / predicted[name] for name in measured if predicted[name] > 0 and measured[name] > 0}

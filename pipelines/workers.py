@@ -161,6 +161,7 @@ class EnvChunks:
         if c == 0:
             self.episodes: list[dict[str, float]] = []
             self.sim_s, self.env_steps, self.nonfinite = 0.0, 0, 0
+            self.decisions = [0] * self.num_chunks
             # grouped: the iteration's rollouts are each env's first episode; the ones that start after
             # it (auto-reset) are cut short by the next iteration's reset and trained on by nobody
             self.first_episode = [np.ones(env.num_envs, bool) if self.grouped else None for env in self.envs]
@@ -183,6 +184,7 @@ class EnvChunks:
             t0 = time.perf_counter()
             res = env.chunk_step(actions) if self.cfg.policy.action_chunk > 1 else env.step(actions)
             self.sim_s += time.perf_counter() - t0
+        self.decisions[c] += 1
         out = env_output(res, self.instructions[c])
         dropped = res.info.get(NONFINITE_INFO_KEY)
         lost = 0 if dropped is None else int(to_numpy(dropped).sum())
@@ -197,10 +199,11 @@ class EnvChunks:
 
     def tallies(self) -> dict[str, Any]:
         """The iteration so far: the episodes that finished (grouped: each env's first, the rollouts
-        GRPO compares), the seconds spent simulating, the env steps taken and the episodes
-        ``env.nonfinite=drop`` ended (whose last step is not counted)."""
+        GRPO compares), the seconds spent simulating, the env steps taken, the episodes
+        ``env.nonfinite=drop`` ended (whose last step is not counted) and the decisions each chunk
+        took (fewer than asked where the rollout stopped it)."""
         return {"episodes": self.episodes, "sim_s": self.sim_s, "env_steps": self.env_steps,
-                "nonfinite_episodes": self.nonfinite}
+                "nonfinite_episodes": self.nonfinite, "decisions": self.decisions}
 
     def close(self) -> None:
         for env in self.envs:

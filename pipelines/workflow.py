@@ -23,7 +23,7 @@ from embodied.progress import EPISODE_METRICS
 from embodied.registry import Registry
 from embodied.runtime import Cluster
 from pipelines.layout import Layout, Machine
-from scheduler import Plan, PlanResult, Profile, Resources
+from scheduler import Plan, PlanResult, Profile, Resources, predict
 from scheduler import Workflow as PlannerWorkflow
 
 __all__ = ["WORKFLOWS", "Layout", "Machine", "Workflow", "WorkflowSpec", "cpu_resources", "schema_of"]
@@ -103,8 +103,28 @@ class Workflow(ABC):
         return Layout.of(plan, self.machine(), self.ranks_for(plan))
 
     @abstractmethod
-    def planner_workflow(self) -> PlannerWorkflow:
-        """The macro flow as the planner sees it."""
+    def planner_workflow(self, metrics: dict[str, Any] | None = None) -> PlannerWorkflow:
+        """The macro flow as the planner sees it; with an iteration's ``metrics``, that iteration
+        as it ran (an episodic iteration may end early)."""
+
+    def shape_scale(self, plan: Plan, profile: Profile, metrics: dict[str, Any]) -> float:
+        """The predicted seconds of the iteration ``metrics`` describe over those of a full one under
+        ``plan`` (the simulations of both shapes, :meth:`planner_workflow`): 1.0 unless the
+        iteration ended early. A measured iteration divided by it is a full one's measurement."""
+        shaped, full = self.planner_workflow(metrics), self.planner_workflow()
+        if shaped == full:
+            return 1.0
+        return self._predicted_s(plan, profile, shaped) / self._predicted_s(plan, profile, full)
+
+    def _predicted_s(self, plan: Plan, profile: Profile, workflow: PlannerWorkflow) -> float:
+        cache = self.__dict__.setdefault("_predictions", {})  # (plan, workflow) -> (profile, seconds)
+        key = (plan.key(), workflow)
+        hit = cache.get(key)
+        if hit is None or hit[0] is not profile:
+            if len(cache) > 256:
+                cache.clear()
+            hit = cache[key] = (profile, predict(plan, profile, workflow, self.resources())[0])
+        return hit[1]
 
     @abstractmethod
     def profile(self, cluster: Cluster, force: bool, log: Callable[[str], None]) -> Profile:

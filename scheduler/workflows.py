@@ -11,7 +11,8 @@ Kinds live in :data:`WORKFLOW_KINDS` (a registry of builder specs, no if/elif on
     observation of step t, ``env t`` steps the chunk's envs with them, and ``rollout tT`` computes
     the bootstrap values of the final observation (costed like an inference call). After every
     chunk's ``rollout tT``, the trainer trains ``train_epochs`` epochs on all
-    ``num_envs * rollout_steps`` samples (PPO needs the whole batch before its first epoch), in
+    ``num_envs * rollout_steps`` samples (``train_samples``: those an episodic iteration's episodes
+    took; PPO needs the whole batch before its first epoch), in
     calls of ``train_microbatch`` samples. Then weights sync to the rollout workers.
     In ``shared`` mode (:data:`WorkflowKind.pool`: env and rollout) the env tasks run on lane
     ``"env"`` and chunk c's rollout tasks on lane ``"rollout {c % lanes}"``, each priced at one
@@ -64,6 +65,10 @@ class Workflow:
     train_overlap: bool = False
     """embodied: the trainer trains on the previous iteration's samples while this iteration's are
     collected (one weight version of staleness). Only devices the trainer does not share can overlap."""
+    train_samples: int | None = None
+    """embodied: samples the trainer trains on; None = every decision, ``num_envs * rollout_steps``.
+    An episodic iteration (GRPO: a chunk stops once its episodes are over) trains on the decisions
+    its episodes took."""
     ranks: tuple[tuple[str, int], ...] = ()
     """Worker processes (ranks) of the components that declare them, e.g. ``(("rollout", 1),
     ("trainer", 2))``; a rank takes whole devices. The ranks of a data-parallel component (the
@@ -100,10 +105,16 @@ class Workflow:
     @classmethod
     def embodied(
         cls, num_envs: int, rollout_steps: int, train_epochs: int = 1, train_minibatch: int | None = None,
-        train_overlap: bool = False, ranks: Mapping[str, int] | None = None,
+        train_overlap: bool = False, ranks: Mapping[str, int] | None = None, train_samples: int | None = None,
     ) -> Workflow:
         return cls("embodied", num_envs=num_envs, rollout_steps=rollout_steps, train_epochs=train_epochs,
-                   train_minibatch=train_minibatch, train_overlap=train_overlap, ranks=tuple((ranks or {}).items()))
+                   train_minibatch=train_minibatch, train_overlap=train_overlap, ranks=tuple((ranks or {}).items()),
+                   train_samples=train_samples)
+
+    @property
+    def samples(self) -> int:
+        """embodied: the samples the trainer trains on in one iteration."""
+        return self.train_samples if self.train_samples is not None else self.num_envs * self.rollout_steps
 
     @classmethod
     def reasoning(cls, num_prompts: int, group_size: int, train_epochs: int = 1,
@@ -200,12 +211,14 @@ def _weight_sync(plan: Plan, profile: Profile, after: str, phase: int, target: s
 
 def _embodied_validate(w: Workflow) -> None:
     _require_positive(w, ("num_envs", "rollout_steps"), ("num_prompts", "group_size"))
-    if w.train_minibatch is not None and not 1 <= w.train_minibatch <= w.num_envs * w.rollout_steps:
-        raise ValueError(f"train_minibatch must lie in [1, num_envs * rollout_steps], got {w.train_minibatch}")
+    if w.train_samples is not None and w.train_samples < 1:
+        raise ValueError(f"train_samples must be >= 1, got {w.train_samples}")
+    if w.train_minibatch is not None and not 1 <= w.train_minibatch <= w.samples:
+        raise ValueError(f"train_minibatch must lie in [1, samples ({w.samples})], got {w.train_minibatch}")
 
 
 def _embodied_memory_items(w: Workflow, num_chunks: int, microbatch: int | None) -> dict[str, int]:
-    largest_call = w.train_minibatch or w.num_envs * w.rollout_steps  # calls never cross a minibatch
+    largest_call = w.train_minibatch or w.samples  # calls never cross a minibatch
     return {
         "env": w.num_envs,  # every env's state stays resident, not only the running chunk
         "rollout": max(chunk_sizes(w.num_envs, num_chunks)),
@@ -214,7 +227,7 @@ def _embodied_memory_items(w: Workflow, num_chunks: int, microbatch: int | None)
 
 
 def _embodied_microbatches(w: Workflow) -> tuple[int, ...]:
-    return _powers_of_two_below(w.train_minibatch or w.num_envs * w.rollout_steps)
+    return _powers_of_two_below(w.train_minibatch or w.samples)
 
 
 def _embodied_build(w: Workflow, plan: Plan, profile: Profile) -> list[Task]:
@@ -245,7 +258,7 @@ def _embodied_build(w: Workflow, plan: Plan, profile: Profile) -> list[Task]:
 
     sample_mib = env.output_mib_per_item + rollout.output_mib_per_item
     trajectories = tuple(Dep(f"rollout t{steps} c{c}", size * steps * sample_mib) for c, size in enumerate(sizes))
-    samples = w.num_envs * w.rollout_steps
+    samples = w.samples
     minibatches = call_sizes(samples, w.train_minibatch)
     calls = [b for mb in minibatches for b in call_sizes(mb, plan.train_microbatch)]
     epoch_s = sum(trainer.cost.time_s(b, len(trainer_devices)) for b in calls)
@@ -261,7 +274,8 @@ def _embodied_build(w: Workflow, plan: Plan, profile: Profile) -> list[Task]:
 
 
 def _reasoning_validate(w: Workflow) -> None:
-    _require_positive(w, ("num_prompts", "group_size"), ("num_envs", "rollout_steps", "train_minibatch", "train_overlap"))
+    _require_positive(w, ("num_prompts", "group_size"), ("num_envs", "rollout_steps", "train_minibatch", "train_overlap",
+                                                          "train_samples"))
 
 
 def _reasoning_memory_items(w: Workflow, num_chunks: int, microbatch: int | None) -> dict[str, int]:

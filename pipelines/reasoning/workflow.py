@@ -89,8 +89,8 @@ class ReasoningWorkflow(Workflow):
     def resources(self) -> Resources:
         return resources_of(self.cfg)
 
-    def planner_workflow(self) -> PlannerWorkflow:
-        return workflow_of(self.cfg)
+    def planner_workflow(self, metrics: dict[str, Any] | None = None) -> PlannerWorkflow:
+        return workflow_of(self.cfg)  # every iteration generates and trains the same samples
 
     def profile(self, cluster: Cluster, force: bool, log: Callable[[str], None]) -> Profile:
         return profile_reasoning(self.cfg, self.prepared().train, cluster, force=force, log=log)

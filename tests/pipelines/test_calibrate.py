@@ -181,3 +181,53 @@ def test_each_component_is_priced_from_the_measured_plan_that_ran_it_beside_the_
     # every other component runs as profiled wherever it runs: each price must be the truth
     for plan, seconds in settled.predictions:
         assert seconds == pytest.approx(pipeline.iteration_s(plan)), plan
+
+
+class GrowingEpisodes(Pipeline):
+    """Episodic (GRPO) iterations that end early and grow as the policy learns: iteration i takes
+    ``min(T, 2 + i)`` decisions per chunk and trains on those of its 8 envs."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.iteration = 0
+
+    def shape(self) -> dict:
+        decisions = min(16, 2 + self.iteration)
+        return {"rollout/decisions": float(decisions), "charts/samples": 8 * decisions}
+
+    def iteration_s(self, plan: Plan, shape: dict | None = None) -> float:
+        seconds, _ = predict(plan, rescale(self.profile, self.factors(plan)), self.workflow.planner_workflow(shape),
+                             self.workflow.resources())
+        return seconds + self.runtime_s
+
+    def run(self, layout: Layout) -> dict:
+        self.iteration += 1
+        shape = self.shape()
+        unit = self.workflow.measured_factors(self.profile, layout, {**{key: 1.0 for key in METRIC.values()}, **shape})
+        metrics = {METRIC[c]: self.factors(layout.plan).get(c, 1.0) / unit[c] for c in METRIC}
+        return {**metrics, **shape, "time/iteration_s": self.iteration_s(layout.plan, shape)}
+
+
+def test_episodic_iterations_that_grow_are_measured_as_full_ones():
+    """A young GRPO policy's iterations end early and lengthen from one iteration to the next: the
+    calls are counted as they were made (the factors come out exact) and a plan's iterations are
+    measured as the full iterations they stand for, so plans measured at different episode lengths
+    compare (a plan measured on the shortest iterations is not taken for the fastest)."""
+    workflow, profile = _workflow("algo.name=grpo", "algo.group_size=4"), _profile()
+    pipeline = GrowingEpisodes(workflow, profile, {"colocated": {"rollout": 3.0, "env": 1.2}}, runtime_s=0.0)
+    _, result, _, _, settled, runs = _settled(pipeline)
+    truth = {p.key(): pipeline.iteration_s(p) for p, _ in result.candidates}
+    assert truth[settled.plan.key()] == pytest.approx(min(truth.values()))
+    for m in settled.measurements:
+        expected = pipeline.factors(m.plan)
+        assert m.factors == pytest.approx({c: expected.get(c, 1.0) for c in METRIC})
+        # the iterations measured took 3-6 of 16 decisions: well under half a full one's time ...
+        ran = [pipeline.iteration_s(m.plan, {"rollout/decisions": 2.0 + i, "charts/samples": 8 * (2 + i)})
+               for i in m.iterations]
+        assert max(ran) < 0.5 * truth[m.plan.key()]
+        # ... and count as the full iteration (up to how the factors shift the shape's share)
+        assert m.iteration_s == pytest.approx(truth[m.plan.key()], rel=0.1)
+    assert settled.plan.predicted_iteration_s == pytest.approx(truth[settled.plan.key()], rel=0.1)
+    short = {"rollout/decisions": 4.0, "charts/samples": 32}
+    assert 0 < workflow.shape_scale(settled.plan, profile, short) < 0.5
+    assert workflow.shape_scale(settled.plan, profile, {"rollout/decisions": 16.0, "charts/samples": 128}) == 1.0

@@ -133,6 +133,26 @@ def test_rescale_and_measured_factors_by_hand():
     assert scaled["rollout"].cost == prof["rollout"].cost
 
 
+def test_an_episodic_iteration_that_ended_early_is_priced_as_it_ran():
+    """A GRPO iteration whose chunks stopped after 4 of 16 decisions and trained on 24 samples:
+    the planner's graph of that iteration, and per-call factors from the calls it made."""
+    prof = Profile({
+        "env": ComponentProfile("env", CostModel(0.0, 0.01, 0.0)),
+        "rollout": ComponentProfile("rollout", CostModel(0.002, 0.0, 0.0)),
+        "trainer": ComponentProfile("trainer", CostModel(0.0, 0.001, 1.0)),
+    })
+    cfg = _cfg("algo.epochs=2", "algo.num_minibatches=4")
+    shape = {"rollout/decisions": 3.5, "charts/samples": 24}
+    full, ran = workflow_of(cfg), workflow_of(cfg, shape)
+    assert (full.rollout_steps, full.samples, full.train_minibatch) == (16, 128, 32)
+    assert (ran.rollout_steps, ran.samples, ran.train_minibatch) == (4, 24, 6)  # 3.5 decisions a chunk: 4 calls
+    assert workflow_of(cfg, {"rollout/decisions": 16.0, "charts/samples": 128}) == full
+    lay = Layout.of(_plan("hybrid", 2, 1.0, {"env": (0,), "rollout": (1,), "trainer": (0, 1)}), Resources.cpu_cores(2, 8.0))
+    # env 4 x 2 calls of 4 envs -> 0.32 s; rollout 5 x 2 calls -> 0.02 s; trainer 2 epochs x 4 calls of 6 -> 0.024 s
+    factors = measured_factors(prof, lay, cfg, {"time/sim_s": 0.64, "time/infer_s": 0.02, "time/train_s": 0.012, **shape})
+    assert factors == pytest.approx({"env": 2.0, "rollout": 1.0, "trainer": 0.5})
+
+
 def test_profile_is_measured_then_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path))
     cfg = _cfg()

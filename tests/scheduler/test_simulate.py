@@ -302,6 +302,29 @@ def test_train_overlap_by_hand():
         simulate(shared, prof, sync, resources).makespan_s)
 
 
+def test_an_episodic_iteration_trains_on_the_samples_its_episodes_took():
+    """``train_samples``: the trainer's calls cover those samples, not ``num_envs * rollout_steps``."""
+    prof = profile(component("env", 0.0, 0.1, 0.0), component("rollout", 0.05, 0.0, 0.0),
+                   component("trainer", 0.0, 0.01, 0.0))
+    plan = _plan("disaggregated", {"env": (0,), "rollout": (0,), "trainer": (1,)}, 1)
+    resources = Resources.cpu_cores(2, 8.0)
+    full = Workflow.embodied(4, 10, train_minibatch=10)
+    ended_early = Workflow.embodied(4, 3, train_minibatch=2, train_samples=9)
+    assert (full.samples, ended_early.samples) == (40, 9)
+    assert _times(simulate(plan, prof, full, resources))["trainer epoch 0"][1] - \
+        _times(simulate(plan, prof, full, resources))["trainer epoch 0"][0] == pytest.approx(0.4)
+    times = _times(simulate(plan, prof, ended_early, resources))
+    assert times["trainer epoch 0"][1] - times["trainer epoch 0"][0] == pytest.approx(0.09)  # 5 calls, 9 samples
+    assert times["trainer epoch 0"][0] == pytest.approx(3 * 0.4 + 4 * 0.05)  # 3 decisions of 4 envs first
+    with pytest.raises(ValueError, match="train_samples must be >= 1"):
+        Workflow.embodied(4, 3, train_samples=0)
+    with pytest.raises(ValueError, match="train_minibatch must lie in"):
+        Workflow.embodied(4, 3, train_minibatch=10, train_samples=9)
+    with pytest.raises(ValueError, match="does not use train_samples"):
+        Workflow("reasoning", num_prompts=2, group_size=2, train_samples=3)
+    assert Workflow.from_dict(ended_early.to_dict()) == ended_early
+
+
 def test_train_overlap_is_embodied_only():
     with pytest.raises(ValueError, match="does not use train_overlap"):
         Workflow("reasoning", num_prompts=2, group_size=2, train_overlap=True)
