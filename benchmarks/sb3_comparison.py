@@ -74,9 +74,11 @@ def run_embodied(steps: int, staleness: int, seed: int, cache: str, run_dir: Pat
     if result.returncode != 0:
         raise RuntimeError(f"embodied train failed ({result.returncode}):\n{result.stderr[-3000:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
+    plan = json.loads((run_dir / "plan.json").read_text())["plan"]  # the plan the run settled on
     return {"steps": summary["env_steps"], "seconds": summary["wall_s"], "command_s": total_s,
             "env_steps_per_s": summary["env_steps"] / summary["wall_s"], "eval_return": summary["eval/episode_return"],
-            "train_return": summary["train/episode_return"]}
+            "train_return": summary["train/episode_return"],
+            "plan": f"{plan['mode']}, {plan['num_chunks']} chunk(s)"}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -100,7 +102,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for name, staleness in (("embodied", 0), ("embodied_staleness_1", 1)):
             row[name] = run_embodied(args.steps, staleness, r, cache, work / f"{name}-{r}")
         rounds.append(row)
-        print(f"round {r}: " + ", ".join(f"{k} {v['env_steps_per_s']:.0f} steps/s" for k, v in row.items()), flush=True)
+        print(f"round {r}: " + ", ".join(f"{k} {v['env_steps_per_s']:.0f} steps/s" + (f" ({v['plan']})" if "plan" in v else "")
+                                         for k, v in row.items()), flush=True)
     ratio = {name: statistics.median(row[name]["env_steps_per_s"] / row["sb3"]["env_steps_per_s"] for row in rounds)
              for name in ("embodied", "embodied_staleness_1")}
     result: dict[str, Any] = {
