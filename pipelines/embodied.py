@@ -61,7 +61,9 @@ class EmbodiedWorkflow(Workflow):
         super().__init__(cfg)
         self.algorithm = build_algorithm(cfg.algo)
         self.profile_: Profile | None = None
-        self.pending = False  # staleness 1: the last collection's batch awaits training
+        # staleness 1: the batches of the last collection that await training (one per rank that sent
+        # one; the plan may have changed the number of ranks since), 0: none
+        self.pending = 0
         # train/* episode metrics average the last RETURN_WINDOW finished episodes: the episodes that
         # finish inside one iteration alone are biased towards short ones. Grouped (GRPO) they
         # average the iteration's rollouts (every env's first episode): a window of the last ones
@@ -341,21 +343,22 @@ class EmbodiedWorkflow(Workflow):
         self._wait_trainer(weights, self.acting.call("load_weights", weights.handle(0)))
         t_sync = time.perf_counter()
         T = cfg.algo.rollout_steps
+        batches = self.acting.num_ranks  # this collection's: one per rank that sends one
         if self.stream is not None:  # each stream steps its envs and acts in them: one call makes both halves
             env_f = roll_f = self.stream.call("collect", T, self.traj_channel, iteration).as_phase()
         else:
             env_f = self.env.call("interact", T, self.obs_channel, self.action_channel, iteration).as_phase()
             roll_f = self.rollout.call("generate", T, self.obs_channel, self.action_channel, self.traj_channel).as_phase()
         overlap = cfg.algo.staleness > 0
-        train_f = self._train_call(lr) if overlap and self.pending else None
+        train_f = self._train_call(lr, self.pending) if overlap and self.pending else None
         wait_all(*((env_f,) if env_f is roll_f else (env_f, roll_f)))
         t_rollout = time.perf_counter()
         stats: dict[str, Any] = self._wait_trainer(train_f)[0] if train_f is not None else {}
         if not overlap or last:
-            stats = self._wait_trainer(self._train_call(lr))[0]
-            self.pending = False
+            stats = self._wait_trainer(self._train_call(lr, batches))[0]
+            self.pending = 0
         else:
-            self.pending = True
+            self.pending = batches
         t_train = time.perf_counter()
 
         env_out, roll_out = env_f.wait(), roll_f.wait()
@@ -408,11 +411,12 @@ class EmbodiedWorkflow(Workflow):
 
     def drain(self, lr: float) -> None:
         if self.pending:
-            self._wait_trainer(self._train_call(lr))
-            self.pending = False
+            self._wait_trainer(self._train_call(lr, self.pending))
+            self.pending = 0
 
-    def _train_call(self, lr: float) -> GroupFuture:
-        return self.trainer.call("train", self.traj_channel, self.acting.num_ranks, lr).as_phase()
+    def _train_call(self, lr: float, batches: int) -> GroupFuture:
+        """Train on one collection: its ``batches`` batches (one per rank that collected it)."""
+        return self.trainer.call("train", self.traj_channel, batches, lr).as_phase()
 
     def _episode_metrics(self, episodes: list[dict[str, float]]) -> dict[str, Any]:
         window = episodes if self.algorithm.grouped else list(self.recent)

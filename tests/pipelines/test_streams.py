@@ -52,6 +52,31 @@ def test_switching_to_streams_and_back_rebuilds_the_env_and_rollout_ranks():
     assert [r["weights/version"] for r in rows] == [0, 1, 2, 3]  # new rollout ranks got the latest weights
 
 
+def test_training_beside_the_next_collection_survives_switching_the_number_of_ranks():
+    """algo.staleness=1: a collection's batches (one per stream, or one from the rollout rank) are
+    trained on in the next iteration, after the plan may have changed how many ranks collect: the
+    trainer takes exactly that collection's batches, never one of the next (a stale version)."""
+    cfg = apply_overrides(EmbodiedConfig, {}, [
+        "env.id=CartPole-v1", "env.num_envs=4", "env.backend=inprocess", "algo.rollout_steps=8", "algo.staleness=1",
+        "algo.total_env_steps=1000", "plan.profile=false", "cluster.backend=ray", "cluster.num_cpus=2",
+        "workers.env_cpus=0.5", "workers.rollout_cpus=0.5", "workers.trainer_cpus=0.5",
+    ])
+    workflow = EmbodiedWorkflow(cfg)
+    runner = Runner(cfg, None, workflow)
+    plans = [Plan("streams", POOL, 2, None, (), math.nan, lanes=2), Plan("colocated", POOL, 2, None, (), math.nan),
+             Plan("colocated", POOL, 2, None, (), math.nan), Plan("streams", POOL, 2, None, (), math.nan, lanes=2)]
+    with Cluster(cfg.cluster) as cluster:
+        runner.start(cluster)
+        rows = [runner.step()]  # the first collection: nothing to train on yet
+        for plan in plans:
+            workflow.switch(workflow.layout_of(plan))
+            rows.append(runner.step())
+    assert "time/train_s" not in rows[0]
+    # each trained on the collection before it, made with the weights one update back (the first: none back)
+    assert [r["weights/lag"] for r in rows[1:]] == [0.0, 1.0, 1.0, 1.0]
+    assert [r["weights/version"] for r in rows] == [0, 0, 1, 2, 3]
+
+
 class Trainer(Worker):
     """Receives the collection's batches, as a trainer rank does."""
 
