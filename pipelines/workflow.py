@@ -50,6 +50,8 @@ class Workflow(ABC):
         self.cfg = cfg
         self.machine_: Machine | None = None
         self.layout: Layout | None = None  # what the workers run (set by build and apply)
+        # (plan key, planner workflow) -> (the profile it was priced on, predicted seconds)
+        self._predictions: dict[tuple, tuple[Profile, float]] = {}
 
     def preflight(self) -> tuple[Any, ...]:
         """Check the config's inputs (files, models, envs) before a run dir is written; raise a
@@ -117,13 +119,14 @@ class Workflow(ABC):
         return self._predicted_s(plan, profile, shaped) / self._predicted_s(plan, profile, full)
 
     def _predicted_s(self, plan: Plan, profile: Profile, workflow: PlannerWorkflow) -> float:
-        cache = self.__dict__.setdefault("_predictions", {})  # (plan, workflow) -> (profile, seconds)
+        """``plan``'s simulated seconds for ``workflow`` on ``profile`` (cached: a long iteration's
+        simulation is not free, and a run asks once per iteration)."""
         key = (plan.key(), workflow)
-        hit = cache.get(key)
+        hit = self._predictions.get(key)
         if hit is None or hit[0] is not profile:
-            if len(cache) > 256:
-                cache.clear()
-            hit = cache[key] = (profile, predict(plan, profile, workflow, self.resources())[0])
+            if len(self._predictions) > 256:
+                self._predictions.clear()
+            hit = self._predictions[key] = (profile, predict(plan, profile, workflow, self.resources())[0])
         return hit[1]
 
     @abstractmethod
