@@ -110,7 +110,8 @@ class EmbodiedWorkflow(Workflow):
     def plan_ranks(plan: Plan) -> dict[str, int]:
         """The ranks a plan sets, whatever ``workers.*`` say: a ``shared`` plan runs the rollout
         as ``plan.lanes`` one-thread ranks (its lanes), a ``streams`` plan one env and one rollout
-        rank per stream."""
+        rank per stream in its layout (run as one :class:`StreamWorker` per stream, which takes
+        both ranks' cores and reservation)."""
         if plan.mode == SHARED:
             return {"rollout": plan.lanes}
         if plan.mode == STREAMS:
@@ -151,10 +152,6 @@ class EmbodiedWorkflow(Workflow):
             return Pinning(cores, len(cores) if cores is not None and scales else 1)
 
         return {c: tuple(pinning(c, r) for r in layout.ranks_of(c)) for c in self.components}
-
-    def _stream_pinnings(self, layout: Layout, profile: Profile | None) -> tuple[Pinning, ...]:
-        """A streams plan's stream ranks: stream s's cores, threads as the rollout's."""
-        return self._pinnings(layout, profile)["rollout"]
 
     def _rank_resources(self, component: str, layout: Layout) -> list[RankResources]:
         """What each rank of ``component`` reserves from Ray: its CPUs, its GPUs (the layout's
@@ -214,7 +211,7 @@ class EmbodiedWorkflow(Workflow):
         self.cluster_ = cluster
         self.env = self.rollout = self.stream = None
         if layout.plan.mode == STREAMS:
-            self.stream = self._stream_group(layout, requests["stream"])
+            self.stream = self._stream_group(layout, pins["rollout"], requests["stream"])
         else:
             self.env = self._env_group(layout, pins["env"], requests["env"])
         self.obs_space, self.action_space = self.stepper.call("spaces", ranks=[0]).result()
@@ -246,11 +243,12 @@ class EmbodiedWorkflow(Workflow):
             name="rollout", resources=requests,
         )
 
-    def _stream_group(self, layout: Layout, requests: list[RankResources]) -> WorkerGroup:
-        """A streams plan's ranks: one :class:`StreamWorker` (env and policy in one process) per stream."""
+    def _stream_group(self, layout: Layout, pins: tuple[Pinning, ...], requests: list[RankResources]) -> WorkerGroup:
+        """A streams plan's ranks: one :class:`StreamWorker` (env and policy in one process) per
+        stream, pinned as the stream's rollout rank (its cores, the rollout's threads)."""
         return WorkerGroup(
             self.cluster_, StreamWorker, layout.plan.lanes, self.cfg, self.env_chunks(layout),
-            self._stream_pinnings(layout, self.profile_), self.algorithm.needs_critic, self.algorithm.grouped,
+            pins, self.algorithm.needs_critic, self.algorithm.grouped,
             self._offloads("rollout", layout), name="stream", resources=requests,
         )
 
@@ -292,14 +290,14 @@ class EmbodiedWorkflow(Workflow):
         if rebuild:
             requests = self._checked_requests(self.cluster_, layout)
             if "stream" in rebuild:
-                self.stream = self._stream_group(layout, requests["stream"])
+                self.stream = self._stream_group(layout, pins["rollout"], requests["stream"])
             if "env" in rebuild:
                 self.env = self._env_group(layout, pins["env"], requests["env"])
             if "rollout" in rebuild:
                 self.rollout = self._rollout_group(layout, pins["rollout"], requests["rollout"])
         calls = [self.trainer.call("configure", pins["trainer"], self._offloads("trainer", layout), self._trainer_micro_batch(layout))]
         if streams and not rebuild:  # new ranks are built for the layout already
-            calls.append(self.stream.call("configure", self.env_chunks(layout), self._stream_pinnings(layout, self.profile_),
+            calls.append(self.stream.call("configure", self.env_chunks(layout), pins["rollout"],
                                           self._offloads("rollout", layout)).as_phase())  # rebuilds the envs
         if not streams and "env" not in rebuild:
             calls.append(self.env.call("configure", self.env_chunks(layout), pins["env"], self.env_split(layout)).as_phase())
@@ -386,7 +384,7 @@ class EmbodiedWorkflow(Workflow):
             "env/nonfinite_episodes": nonfinite,
             "plan/chunks": plan.num_chunks,
             "plan/mode": plan.mode,
-            "plan/predicted_iteration_s": plan.predicted_iteration_s if self.profile_ is not None else None,
+            "plan/predicted_iteration_s": None,  # planned runs: set below, for the iteration as it ran
             "weights/version": roll_out[0]["version"],
             "offload/rollout_offload_s": float(np.mean([o["offload_s"] for o in roll_out])) if "offload_s" in roll_out[0] else None,
             "offload/rollout_onload_s": float(np.mean([o["onload_s"] for o in roll_out])) if "onload_s" in roll_out[0] else None,
