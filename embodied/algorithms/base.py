@@ -7,7 +7,7 @@ An algorithm (``ppo.py``, ``grpo.py``) supplies three verbs and nothing else:
 * ``loss(policy, minibatch, counts)``: the scalar to minimize on a (micro-)batch of samples, with
   the minibatch's token and sequence counts as denominators, so micro-batching does not change it;
 * ``minibatch(samples)`` (optional): a transform of a whole minibatch before it is split into
-  micro-batches (PPO normalizes its advantages here).
+  micro-batches (by default its advantages are normalized here, with ``algo.norm_adv``).
 
 :meth:`Algorithm.update` runs the loop: epochs, shuffled minibatches, micro-batches with gradient
 accumulation, gradient clipping, a finite-gradient check, the optimizer step and early stopping on
@@ -45,6 +45,7 @@ from embodied.rl import (
     kl_penalty,
     loss_agg_counts,
     micro_batches,
+    normalize_advantages,
     policy_loss_per_token,
     rollout_is_weights,
     should_stop_early,
@@ -112,7 +113,11 @@ class Algorithm(ABC):
         """The loss of a (micro-)batch; ``counts`` are the whole minibatch's token/sequence counts."""
 
     def minibatch(self, mb: Samples) -> Samples:
-        """A transform of a whole minibatch before micro-batching (default: none)."""
+        """A transform of a whole minibatch before micro-batching: its advantages normalized to
+        mean 0 / std 1 with ``algo.norm_adv`` (PPO's default; a GRPO recipe may switch it on where
+        its advantages are not normalized per group, e.g. Dr. GRPO's or per-step returns-to-go)."""
+        if self.cfg.normalizes_advantages and len(mb) > 1:
+            mb.fields["advantages"] = normalize_advantages(mb.fields["advantages"])
         return mb
 
     def policy_objective(self, ev: Any, mb: Samples, counts: LossAggCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -129,15 +134,20 @@ class Algorithm(ABC):
             is_weights=mb.fields.get("is_weights"),
         )
         policy_loss = agg_loss(per_token, mb.mask, **agg)
-        entropy = agg_entropy(ev.entropy, mb.mask, **agg)
-        loss = policy_loss - cfg.entropy_coeff * entropy
+        loss = policy_loss
+        if cfg.entropy_coeff:
+            entropy = agg_entropy(ev.entropy, mb.mask, **agg)
+            loss = loss - cfg.entropy_coeff * entropy
+        else:  # logged only: no part of the graph the backward pass walks
+            with torch.no_grad():
+                entropy = agg_entropy(ev.entropy, mb.mask, **agg)
         out = {"losses/policy": policy_loss, "losses/entropy": entropy,
                **{f"losses/{k}": v for k, v in stats.items()}}
         if "ref_logprobs" in mb.fields:
             kl = agg_loss(kl_penalty(ev.logprobs, mb.fields["ref_logprobs"], cfg.kl_loss_type, mb.mask), mb.mask, **agg)
             loss = loss + cfg.kl_loss_coef * kl
             out["losses/kl_to_reference"] = kl
-        return loss, {k: v.detach() for k, v in out.items()}
+        return loss, {k: v.detach() if v.requires_grad else v for k, v in out.items()}
 
     # --- shared machinery --------------------------------------------------------------------------
     def samples(self, batch: TrajectoryBatch, adv: Advantages, policy: Any, reference: Any | None,
@@ -234,7 +244,7 @@ class Algorithm(ABC):
                 stop = False
                 for idx in samples.minibatches(cfg.num_minibatches, generator):
                     mb = self.minibatch(samples[idx])
-                    counts = loss_agg_counts(mb.mask if mb.mask is not None else torch.ones(len(mb), dtype=torch.bool, device=idx.device))
+                    counts = loss_agg_counts(mb.mask) if mb.mask is not None else LossAggCounts(len(mb), len(mb))
                     optimizer.zero_grad(set_to_none=True)
                     parts = self._calls(len(mb), parallel, idx.device)
                     for j, (part, real) in enumerate(parts):
@@ -251,13 +261,13 @@ class Algorithm(ABC):
                         optimizer.zero_grad(set_to_none=True)
                     else:
                         optimizer.step()
-                    step_stats = meter.step({"losses/grad_norm": grad_norm})
-                    if cfg.target_kl is not None and should_stop_early(step_stats["losses/approx_kl"], cfg.target_kl):
+                    meter.step({"losses/grad_norm": grad_norm})
+                    if cfg.target_kl is not None and should_stop_early(meter.last("losses/approx_kl"), cfg.target_kl):
                         stop = True
                         break
                 if stop:
                     break
-        out.update(meter.means(["losses/grad_norm"]))
+        out.update(meter.means())
         out["losses/epochs"] = float(epochs)
         out["losses/non_finite_steps"] = float(skipped)
         out["charts/micro_batches"] = calls / max(1, len(meter.rows))  # forward/backward calls per step per rank
@@ -275,14 +285,17 @@ class _Meter:
     micro-batch's statistics weigh by its share of the minibatch, except the ``summed`` ones,
     which already are its share of a minibatch total (losses aggregated with the minibatch's
     counts) and add up. A step's statistics are stacked into one tensor and stay on the device
-    until :meth:`means`: a few ops per step, no host round trip (on a GPU each would be a
-    synchronization)."""
+    until :meth:`means` (on a GPU each read would be a synchronization); the step's host numbers
+    (the gradient norm) stay Python numbers. Per step this costs one or two tensor ops: with a
+    small policy on a CPU, an update is ~300 optimizer steps whose own ops take ~1 ms each."""
 
     def __init__(self, summed: frozenset[str] = frozenset()) -> None:
         self.summed = summed
         self.keys: list[str] | None = None
         self.current: torch.Tensor | None = None
         self.rows: list[torch.Tensor] = []
+        self.host_keys: list[str] | None = None
+        self.host_rows: list[list[float]] = []
 
     def add(self, stats: dict[str, Any], weight: float, real: bool = True) -> None:
         """Add one micro-batch's statistics; ``weight``: its share of the minibatch's samples.
@@ -291,8 +304,12 @@ class _Meter:
             self.keys = list(stats)
         elif list(stats) != self.keys:
             raise ValueError(f"statistics changed between steps: {self.keys} -> {list(stats)}")
-        share = 1.0 if real else 0.0
-        row = torch.stack([v.detach().float() * (share if k in self.summed else weight * share) for k, v in stats.items()])
+        with torch.no_grad():
+            if real and weight == 1.0:  # the whole minibatch in one call (the usual case): one op
+                row = torch.stack(list(stats.values())).float()
+            else:
+                share = 1.0 if real else 0.0
+                row = torch.stack([v.float() * (share if k in self.summed else weight * share) for k, v in stats.items()])
         self.current = row if self.current is None else self.current + row
 
     def combine(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -300,21 +317,27 @@ class _Meter:
         assert self.current is not None, "combine() without add()"
         self.current = reduce(self.current)
 
-    def step(self, extra: dict[str, Any]) -> dict[str, Any]:
-        """Close the current optimizer step (with its ``extra`` statistics, e.g. the gradient
-        norm); returns the step's statistics by name (0-d tensors)."""
+    def step(self, host: dict[str, float]) -> None:
+        """Close the current optimizer step, with its ``host`` statistics (Python numbers, e.g.
+        the gradient norm)."""
         assert self.current is not None and self.keys is not None, "step() without add()"
-        extras = torch.stack([torch.as_tensor(v).detach().float().to(self.current.device) for v in extra.values()])
-        row = torch.cat([self.current, extras])
-        self.rows.append(row)
+        if self.host_keys is None:
+            self.host_keys = list(host)
+        self.rows.append(self.current)
+        self.host_rows.append([float(v) for v in host.values()])
         self.current = None
-        return dict(zip([*self.keys, *extra], row.unbind()))
 
-    def means(self, extra_keys: list[str]) -> dict[str, float]:
+    def last(self, key: str) -> torch.Tensor:
+        """The last closed step's statistic ``key`` (a 0-d tensor)."""
+        assert self.keys is not None and self.rows, "last() before step()"
+        return self.rows[-1][self.keys.index(key)]
+
+    def means(self) -> dict[str, float]:
         if not self.rows or self.keys is None:
             return {}
         values = torch.stack(self.rows).mean(0).tolist()
-        return dict(zip([*self.keys, *extra_keys], values))
+        host = [sum(column) / len(column) for column in zip(*self.host_rows)]
+        return {**dict(zip(self.keys, values)), **dict(zip(self.host_keys or [], host))}
 
 
 def build_optimizer(parameters: Any, cfg: AlgoConfig) -> torch.optim.Optimizer:

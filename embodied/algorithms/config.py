@@ -4,9 +4,10 @@ Which keys matter for which algorithm:
 
 * both: ``name``, ``adv_estimator``, ``lr``, ``epochs``, ``num_minibatches``, ``micro_batch_size``,
   the clip range (``clip_ratio``, ``clip_ratio_low``/``_high``, ``clip_ratio_c``), ``entropy_coeff``,
-  ``loss_agg_mode``, ``max_grad_norm``, ``target_kl``, ``rollout_is*``, ``reward_scale``;
+  ``loss_agg_mode``, ``max_grad_norm``, ``target_kl``, ``rollout_is*``, ``reward_scale``,
+  ``norm_adv`` (on for PPO, off for GRPO unless set);
 * critic-based advantages (``gae``, PPO's default): ``gamma``, ``gae_lambda``,
-  ``bootstrap_terminated``, ``vf_coef``, ``value_clip``, ``norm_adv``;
+  ``bootstrap_terminated``, ``vf_coef``, ``value_clip``;
 * group advantages (``grpo``, ``rloo``, GRPO's default): ``group_size``, ``norm_adv_by_std_in_grpo``,
   ``outcome``, ``filter_groups``; a frozen reference policy with ``use_kl_loss``.
 """
@@ -105,9 +106,10 @@ class AlgoConfig:
     target_kl: float | None = None
     """Stop an iteration's epochs early once the approximate KL to the behaviour policy exceeds
     this; None never stops."""
-    norm_adv: bool = True
-    """Normalize advantages to mean 0 / std 1 per minibatch (PPO's habit; group advantages are
-    already normalized per group, so GRPO recipes switch it off)."""
+    norm_adv: bool | None = None
+    """Normalize advantages to mean 0 / std 1 per minibatch. None: the algorithm's habit, on for
+    PPO, off for GRPO (group advantages are normalized per group already; switch it on where they
+    are not, e.g. Dr. GRPO's, or per-step returns-to-go)."""
     loss_agg_mode: str = "token-mean"
     """How per-token losses become one number: ``token-mean`` (every token of the minibatch weighs
     the same, independent of micro-batching), ``seq-mean-token-sum``, ``seq-mean-token-mean`` (the
@@ -195,6 +197,11 @@ class AlgoConfig:
     def estimator(self) -> str:
         """The advantage estimator in effect (``adv_estimator`` or the algorithm's default)."""
         return self.adv_estimator or {"ppo": "gae", "grpo": "grpo"}[self.name]
+
+    @property
+    def normalizes_advantages(self) -> bool:
+        """Whether minibatch advantages are normalized (``norm_adv`` or the algorithm's default)."""
+        return self.name == "ppo" if self.norm_adv is None else self.norm_adv
 
     @property
     def clip_low(self) -> float:

@@ -13,6 +13,7 @@ responses to one prompt (reasoning).
                  the group's members at the same step.
                  With ``filter_groups``, groups whose outcomes have no spread stay out too
                  (dynamic sampling).
+    minibatch:   advantages normalized to mean 0 / std 1 only with ``norm_adv`` (off by default).
     loss:        clipped surrogate (clip-higher, dual clip) - entropy bonus + kl_loss_coef * KL to
                  the reference, aggregated with ``loss_agg_mode``.
 """

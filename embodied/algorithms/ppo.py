@@ -4,7 +4,7 @@
                  ``reward_scale``) and how its episode ended (termination is terminal unless
                  ``bootstrap_terminated``; a time limit bootstraps from V(final obs)), into GAE at
                  ``gamma**C`` per decision. Every decision enters the loss.
-    minibatch:   advantages normalized to mean 0 / std 1 (``norm_adv``).
+    minibatch:   advantages normalized to mean 0 / std 1 (``norm_adv``, on by default for PPO).
     loss:        clipped surrogate - entropy bonus (+ KL to a reference)  +  vf_coef * value loss,
                  the value loss clipped around the old values (``value_clip``) and averaged over
                  the minibatch's samples.
@@ -26,7 +26,6 @@ from embodied.rl import (
     chunk_bootstrap_discount,
     chunk_rewards,
     decision_ends,
-    normalize_advantages,
     value_errors,
 )
 
@@ -61,11 +60,6 @@ class PPO(Algorithm):
         return Advantages(advantages, returns, torch.ones_like(terminal),
                           {"losses/explained_variance": float(explained)})
 
-    def minibatch(self, mb: Samples) -> Samples:
-        if self.cfg.norm_adv and len(mb) > 1:
-            mb.fields["advantages"] = normalize_advantages(mb.fields["advantages"])
-        return mb
-
     def loss(self, policy: Any, mb: Samples, counts: LossAggCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = self.cfg
         ev = policy.evaluate(mb.obs, mb.actions)
@@ -74,6 +68,7 @@ class PPO(Algorithm):
             raise ValueError("PPO needs a critic: the policy's evaluate returned no values")
         values = ev.values.to(torch.promote_types(ev.values.dtype, torch.float32))  # bf16 heads: fp32 math
         errors = value_errors(values, mb.fields["old_values"].to(values.dtype), mb.fields["returns"].to(values.dtype), cfg.value_clip)  # (M,)
-        value = errors.sum() / counts.num_seqs.clamp(min=1)
+        seqs = counts.num_seqs
+        value = errors.sum() / (max(seqs, 1) if isinstance(seqs, int) else seqs.clamp(min=1))
         stats["losses/value"] = value.detach()
         return loss + cfg.vf_coef * value, stats

@@ -261,15 +261,14 @@ def normalize_advantages(
     fn = "normalize_advantages"
     advantages = check_tensor(fn, "advantages", advantages)
     check_floating(fn, "advantages", advantages)
-    if mask is not None:
-        mask = check_mask(fn, "mask", mask, advantages.shape, "advantages")
+    if mask is None:  # every entry valid (PPO's minibatches): five ops, as CleanRL's one line
+        if advantages.numel() < 2:
+            return torch.zeros_like(advantages)
+        return (advantages - advantages.mean()) / (advantages.std() + eps)
+    mask = check_mask(fn, "mask", mask, advantages.shape, "advantages")
     zero = torch.zeros((), dtype=advantages.dtype, device=advantages.device)
     mean = masked_mean(advantages, mask)
-    centered = advantages - mean
-    if mask is not None:
-        centered = torch.where(mask, centered, zero)
-        count = mask.sum()
-    else:
-        count = torch.tensor(advantages.numel(), device=advantages.device)
+    centered = torch.where(mask, advantages - mean, zero)
+    count = mask.sum()
     variance = centered.square().sum() / (count - 1).clamp(min=1).to(advantages.dtype)
     return centered / (variance.sqrt() + eps)

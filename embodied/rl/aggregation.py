@@ -87,15 +87,21 @@ LOSS_AGG_ALIASES: dict[str, LossAggAlias] = {
 
 
 class LossAggCounts(NamedTuple):
-    """The denominators of a minibatch, as 0-d tensors (no host sync)."""
+    """The denominators of a minibatch: 0-d tensors summed from a mask on the device (no host
+    sync), or Python ints where the host knows them (action-level samples, every one valid)."""
 
-    num_tokens: torch.Tensor  # valid tokens
-    num_seqs: torch.Tensor  # sequences with at least one valid token
+    num_tokens: Count  # valid tokens
+    num_seqs: Count  # sequences with at least one valid token
 
 
-def _denominator(given: Count | None, local: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    # At least 1: a micro-batch (or minibatch) made only of padding contributes 0, not NaN.
+def _denominator(given: Count | None, local: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | float:
+    """``given`` (the minibatch's count), else ``local`` (this call's), at least 1: a micro-batch
+    (or minibatch) made only of padding contributes 0, not NaN. A host number stays one (dividing
+    by it is one op, where a tensor count costs three more per call)."""
+    if isinstance(given, (int, float)):
+        return float(max(given, 1))
     count = local if given is None else torch.as_tensor(given, device=like.device)
+    assert count is not None, "a count: given or local"
     return count.to(like.dtype).clamp(min=1)
 
 
@@ -192,7 +198,7 @@ def _aggregate(
         # One token per sample, all valid (an action-level policy): every such mode is the sum over
         # the samples divided by their count (the minibatch's, when given).
         given = num_tokens if mode == "token-mean" else num_seqs
-        return values.sum() / _denominator(given, torch.tensor(values.shape[0], device=values.device), values)
+        return values.sum() / _denominator(values.shape[0] if given is None else given, None, values)
     if values.ndim == 1:  # one token per sample
         values = values.unsqueeze(-1)
         mask = None if mask is None else mask.unsqueeze(-1)

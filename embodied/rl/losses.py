@@ -80,8 +80,7 @@ class _Surrogate(NamedTuple):
     ratio: torch.Tensor  # r = exp(clamped log-ratio)
     log_ratio: torch.Tensor  # log r, clamped to [-20, 20]
     advantages: torch.Tensor  # A, 0 where masked out
-    clipped: torch.Tensor  # bool: the clipped branch is the larger one (r was clipped)
-    dual_active: torch.Tensor  # bool: A < 0 and the -c * A cap is active (all False if off)
+    dual_active: torch.Tensor | None  # bool: A < 0 and the -c * A cap is active (None if off)
 
 
 def _clipped_surrogate(
@@ -104,7 +103,7 @@ def _clipped_surrogate(
     unclipped_losses = -advantages * ratio
     clipped_losses = -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     losses = torch.maximum(unclipped_losses, clipped_losses)
-    dual_active = torch.zeros_like(losses, dtype=torch.bool)
+    dual_active = None
     if dual_clip is not None:
         negative = advantages < 0
         bound = -dual_clip * advantages
@@ -115,7 +114,6 @@ def _clipped_surrogate(
         ratio=ratio,
         log_ratio=log_ratio,
         advantages=advantages,
-        clipped=clipped_losses > unclipped_losses,
         dual_active=dual_active,
     )
 
@@ -227,26 +225,33 @@ def policy_loss_per_token(
         losses = losses * weights
 
     with torch.no_grad():
-        ratio, adv = terms.ratio, terms.advantages
+        ratio, adv, log_ratio = terms.ratio, terms.advantages, terms.log_ratio
         dtype = ratio.dtype
         # One stacked reduction for every statistic: they are computed on every minibatch, where a
-        # separate masked mean each would be a dozen small ops more per optimizer step.
-        columns = torch.stack([
-            terms.clipped.to(dtype),
-            ((adv < 0) & (ratio < 1.0 - eps_low)).to(dtype),
-            ((adv > 0) & (ratio > 1.0 + eps_high)).to(dtype),
-            terms.dual_active.to(dtype),
-            -terms.log_ratio,
-            _k3(terms.log_ratio),
-            ratio,
-        ])  # (7, *S)
+        # separate masked mean each would be a dozen small ops more per optimizer step. The
+        # clipped branch is the larger one exactly where r left the clip range on the side A
+        # points to, so pg_clipfrac = clipfrac_low + clipfrac_high; ppo_kl is -mean(log r).
+        low = (adv < 0) & (ratio < 1.0 - eps_low)
+        high = (adv > 0) & (ratio > 1.0 + eps_high)
+        flags = [low, high] if terms.dual_active is None else [low, high, terms.dual_active]
+        columns = torch.cat([torch.stack(flags).to(dtype), torch.stack([log_ratio, _k3(log_ratio), ratio])])
         if mask is None:
             means = columns.reshape(len(columns), -1).mean(-1)
         else:
             picked = torch.where(mask, columns, torch.zeros((), dtype=dtype, device=columns.device))
             means = picked.reshape(len(columns), -1).sum(-1) / mask.sum().clamp(min=1).to(dtype)
-    names = ("pg_clipfrac", "clipfrac_low", "clipfrac_high", "pg_clipfrac_lower", "ppo_kl", "approx_kl", "ratio_mean")
-    return losses, dict(zip(names, means.unbind()))
+        low_mean, high_mean, *rest = means.unbind()
+        lower_mean = rest.pop(0) if terms.dual_active is not None else torch.zeros((), dtype=dtype, device=means.device)
+        log_ratio_mean, k3_mean, ratio_mean = rest
+    return losses, {
+        "pg_clipfrac": low_mean + high_mean,
+        "clipfrac_low": low_mean,
+        "clipfrac_high": high_mean,
+        "pg_clipfrac_lower": lower_mean,
+        "ppo_kl": -log_ratio_mean,
+        "approx_kl": k3_mean,
+        "ratio_mean": ratio_mean,
+    }
 
 
 def value_errors(

@@ -13,6 +13,7 @@ from embodied.algorithms import AlgoConfig, build_algorithm
 from embodied.config import build_config
 from embodied.errors import ConfigError
 from embodied.rl import (
+    Samples,
     TrajectoryBatch,
     chunk_bootstrap_discount,
     chunk_rewards,
@@ -364,3 +365,49 @@ def test_ppo_micro_batches_give_the_gradient_and_losses_of_one_pass(micro):
     for key in ("losses/policy", "losses/value", "losses/entropy", "losses/approx_kl", "losses/grad_norm"):
         assert micro_stats[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7), key
     assert micro_stats["charts/micro_batches"] == -(-15 // micro) and whole["charts/micro_batches"] == 1
+
+
+def _samples(advantages: list[float]) -> Samples:
+    n = len(advantages)
+    return Samples(obs={"state": torch.zeros(n, 1)}, actions=torch.zeros(n, dtype=torch.long), logprobs=torch.zeros(n),
+                   fields={"advantages": torch.tensor(advantages)})
+
+
+@pytest.mark.parametrize(("name", "norm_adv", "normalized"), [
+    ("ppo", None, True), ("ppo", False, False), ("grpo", None, False), ("grpo", True, True),
+])
+def test_minibatch_advantages_are_normalized_for_ppo_and_where_a_grpo_recipe_asks(name, norm_adv, normalized):
+    """``algo.norm_adv`` unset means the algorithm's habit: PPO normalizes each minibatch's
+    advantages, GRPO keeps its group advantages as they are unless the recipe switches it on."""
+    cfg = AlgoConfig(name=name, norm_adv=norm_adv, **({"group_size": 2} if name == "grpo" else {}))
+    adv = build_algorithm(cfg).minibatch(_samples([1.0, 2.0, 3.0, 6.0])).fields["advantages"]
+    if normalized:
+        # mean 3, sample std sqrt((4 + 1 + 0 + 9) / 3)
+        torch.testing.assert_close(adv, torch.tensor([-2.0, -1.0, 0.0, 3.0]) / float(np.sqrt(14 / 3)), atol=1e-5, rtol=0)
+    else:
+        assert adv.tolist() == [1.0, 2.0, 3.0, 6.0]
+
+
+@pytest.mark.parametrize("target_kl", [None, 1e-9])
+def test_early_stopping_reads_the_kl_of_the_step_just_taken(target_kl):
+    """The batch's logprobs are not the policy's, so the first step's approximate KL is > 0:
+    a tiny ``target_kl`` stops the update after its first minibatch, None runs every epoch."""
+    cfg = AlgoConfig(num_minibatches=3, epochs=4, target_kl=target_kl)
+    policy = _ActorCritic()
+    stats = build_algorithm(cfg).update(policy, torch.optim.Adam(policy.parameters(), lr=1e-3), _ppo_batch(), lr=1e-3,
+                                        generator=torch.Generator().manual_seed(0))
+    assert stats["losses/approx_kl"] > 0
+    assert stats["losses/epochs"] == (4.0 if target_kl is None else 1.0)
+
+
+def test_an_unweighted_entropy_is_still_logged():
+    """With ``entropy_coeff`` 0 the entropy stays out of the loss's graph but is logged as it is
+    with a bonus (one step: measured before the weights move)."""
+    logged = []
+    for coeff in (0.0, 0.01):
+        policy = _ActorCritic()
+        cfg = AlgoConfig(num_minibatches=1, epochs=1, entropy_coeff=coeff)
+        stats = build_algorithm(cfg).update(policy, torch.optim.SGD(policy.parameters(), lr=0.1), _ppo_batch(), lr=0.1,
+                                            generator=torch.Generator().manual_seed(0))
+        logged.append(stats["losses/entropy"])
+    assert logged[0] == pytest.approx(logged[1]) and 0 < logged[0] <= np.log(2) + 1e-6
