@@ -172,7 +172,7 @@ class DataParallel:
 
     def clip_grad_norm(self, parameters: list[torch.Tensor], max_norm: float) -> float:
         """Clip the (already combined) gradients to ``max_norm``; their total norm before."""
-        return float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+        return clip_grad_norm(parameters, max_norm)
 
     # --- state -------------------------------------------------------------------------------
     def full_state(self, policy: nn.Module, names: set[str]) -> dict[str, torch.Tensor] | None:
@@ -203,6 +203,28 @@ class DataParallel:
 
     def describe(self) -> str:
         return f"{self.strategy} x{self.world_size}"
+
+
+def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float) -> float:
+    """``torch.nn.utils.clip_grad_norm_`` (2-norm over all gradients, scaled by
+    ``max_norm / (norm + 1e-6)`` where that is below 1), returning the norm before as a float.
+
+    Gradients on one device in one dtype (a policy's, the usual case) take three tensor ops and no
+    scaling when the norm is within bounds: torch's version first groups the tensors by device and
+    dtype and always multiplies, which on a small policy costs as much as the clipping itself
+    (~50 against ~20 us per optimizer step on a CPU core). Anything else goes to torch's."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return 0.0
+    first = grads[0]
+    if any(g.device != first.device or g.dtype != first.dtype or g.is_sparse for g in grads):
+        return float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    norm = float(total)
+    coef = max_norm / (norm + 1e-6)
+    if coef < 1.0:  # an inf norm zeroes the gradients, a nan one leaves them: the update skips either step
+        torch._foreach_mul_(grads, coef)
+    return norm
 
 
 SINGLE = DataParallel()

@@ -12,6 +12,7 @@ from torch import nn
 from embodied.algorithms import AlgoConfig, build_algorithm
 from embodied.config import build_config
 from embodied.errors import ConfigError
+from embodied.runtime.distributed import clip_grad_norm
 from embodied.rl import (
     Samples,
     TrajectoryBatch,
@@ -411,3 +412,24 @@ def test_an_unweighted_entropy_is_still_logged():
                                             generator=torch.Generator().manual_seed(0))
         logged.append(stats["losses/entropy"])
     assert logged[0] == pytest.approx(logged[1]) and 0 < logged[0] <= np.log(2) + 1e-6
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
+def test_the_updates_gradient_clip_is_torchs(scale):
+    """``clip_grad_norm`` (the update's, lean on one device and dtype) returns and leaves what
+    ``torch.nn.utils.clip_grad_norm_`` does, below, near and far above the bound; gradients in
+    two dtypes go to torch's own."""
+    torch.manual_seed(0)
+    for dtypes in ([torch.float32] * 3, [torch.float32, torch.float64, torch.float32]):
+        ours, theirs = [], []
+        for params in (ours, theirs):
+            for i, dtype in enumerate(dtypes):
+                p = torch.nn.Parameter(torch.zeros(4 + i, dtype=dtype))
+                p.grad = (torch.arange(4 + i, dtype=dtype) - 1.5) * scale
+                params.append(p)
+        norm = clip_grad_norm(ours, 0.5)
+        expected = float(torch.nn.utils.clip_grad_norm_(theirs, 0.5))
+        assert norm == pytest.approx(expected, rel=1e-6)
+        for a, b in zip(ours, theirs):
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=0)
+    assert clip_grad_norm([torch.nn.Parameter(torch.zeros(2))], 0.5) == 0.0  # no gradients at all
