@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,18 @@ def curve(run_dir: Path, metric: str = "success_rate", target: float = 0.8) -> d
     first = next(((w, s) for w, s, v in evals if v >= target), None)
     config = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
     deterministic = config.get("eval", {}).get("deterministic", True)
+    env, algo = config.get("env", {}), config.get("algo", {})
     return {"metric": metric, "target": target, "train": train, "eval": evals, "summary": summary,
             "eval_deterministic": deterministic, "eval_episodes": config.get("eval", {}).get("episodes"),
-            "first_eval_at_target": {"wall_s": first[0], "env_steps": first[1]} if first else None}
+            "first_eval_at_target": {"wall_s": first[0], "env_steps": first[1]} if first else None,
+            "run": {"env": env.get("id"), "obs_mode": env.get("obs_mode"), "algo": algo.get("name", "ppo")}}
+
+
+def default_title(data: dict[str, Any], cores: int) -> str:
+    """``<env> (<obs mode>), <ALGO>, <n> CPU cores: <metric> vs wall time`` from the run's config."""
+    run = data.get("run", {})
+    what = f"{run.get('env') or 'env'} ({run.get('obs_mode') or 'state'}), {str(run.get('algo') or 'ppo').upper()}"
+    return f"{what}, {cores} CPU cores: {data['metric'].replace('_', ' ')} vs wall time"
 
 
 def plot(data: dict[str, Any], path: Path, title: str) -> Path:
@@ -69,12 +79,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--name", default="pushcube_learning_curve")
-    parser.add_argument("--title", default="PushCube-v1 (state), PPO, 2 CPU cores: success vs wall time")
+    parser.add_argument("--title", default=None, help="default: env, observations and algorithm of the run")
     parser.add_argument("--metric", default="success_rate", choices=["success_rate", "episode_return"])
     parser.add_argument("--target", type=float, default=0.8)
     args = parser.parse_args(argv)
     data = curve(args.run_dir, args.metric, args.target)
-    png = plot(data, RESULTS / f"{args.name}.png", args.title)
+    png = plot(data, RESULTS / f"{args.name}.png", args.title or default_title(data, os.cpu_count() or 1))
     path = write_result(args.name, {"benchmark": "learning_curve", "run_dir": str(args.run_dir), **data, "png": png.name})
     print(f"wrote {path} and {png}")
 
