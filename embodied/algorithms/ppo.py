@@ -69,6 +69,6 @@ class PPO(Algorithm):
         values = ev.values.to(torch.promote_types(ev.values.dtype, torch.float32))  # bf16 heads: fp32 math
         errors = value_errors(values, mb.fields["old_values"].to(values.dtype), mb.fields["returns"].to(values.dtype), cfg.value_clip)  # (M,)
         seqs = counts.num_seqs
-        value = errors.sum() / (max(seqs, 1) if isinstance(seqs, int) else seqs.clamp(min=1))
+        value = errors.sum() / (max(seqs, 1) if isinstance(seqs, (int, float)) else seqs.clamp(min=1))
         stats["losses/value"] = value.detach()
         return loss + cfg.vf_coef * value, stats
