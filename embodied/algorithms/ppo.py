@@ -22,6 +22,7 @@ from embodied.rl import (
     LossAggCounts,
     Samples,
     TrajectoryBatch,
+    agg_loss,
     bootstrap_rule,
     chunk_bootstrap_discount,
     chunk_rewards,
@@ -68,7 +69,6 @@ class PPO(Algorithm):
             raise ValueError("PPO needs a critic: the policy's evaluate returned no values")
         values = ev.values.to(torch.promote_types(ev.values.dtype, torch.float32))  # bf16 heads: fp32 math
         errors = value_errors(values, mb.fields["old_values"].to(values.dtype), mb.fields["returns"].to(values.dtype), cfg.value_clip)  # (M,)
-        seqs = counts.num_seqs
-        value = errors.sum() / (max(seqs, 1) if isinstance(seqs, (int, float)) else seqs.clamp(min=1))
+        value = agg_loss(errors, None, "seq-mean-token-sum", num_seqs=counts.num_seqs)  # sum / the minibatch's samples
         stats["losses/value"] = value.detach()
         return loss + cfg.vf_coef * value, stats
