@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Callable
 
 import numpy as np
@@ -31,7 +34,7 @@ from embodied.offload import Offloader
 from embodied.profiler import Probe, cache_key, hardware_fingerprint, load_cached, store_cached, time_call
 from embodied.runtime import Channel, Cluster, RankResources, Worker, WorkerGroup, WorkerTimeout, wait_all
 from envs.base import to_numpy
-from envs.multiprocess import MultiprocessVecEnv
+from envs.multiprocess import THREAD_ENV_VARS, MultiprocessVecEnv
 from envs.registry import make_vec_env
 from embodied.algorithms import build_algorithm, build_optimizer
 from embodied.rl import TrajectoryBatch, is_text
@@ -143,10 +146,13 @@ def _setup_key(cfg: EmbodiedConfig, backend: str) -> dict[str, Any]:
         "backend": backend,
         "trainer": {"ranks": cfg.workers.trainer, "device": cfg.workers.trainer_device},
         "rollout_device": cfg.workers.rollout_device,
-        # 9: on Ray the rollout is probed in a RolloutWorker fed over channels; 8: the rollout probe
+        "env_threads": cfg.workers.rollout_threads,  # the thread variables env workers (and the env probe) get
+        "rollout_decisions": rollout_probe_decisions(cfg),
+        # 10: env shapes pinned to their cores (one process may span several), rollout passes of T
+        # decisions; 9: on Ray the rollout is probed in a RolloutWorker fed over channels; 8: the rollout probe
         # records through the TrajectoryRecorder, the env probe includes its message's assembly, a
         # weight-sync probe; 7: trainer ranks and devices; 6: the trainer component is named "trainer"
-        "version": 9,
+        "version": 10,
     }
 
 
@@ -184,19 +190,43 @@ class ShapeMeasurement:
     rollout probe records its decisions from these, as the rollout worker does."""
 
 
+@contextmanager
+def pinned_to(cores: int) -> Iterator[None]:
+    """This process (and the processes it starts) on the first ``cores`` of the cores it may use,
+    then back on all of them; nothing where the OS cannot pin."""
+    if not hasattr(os, "sched_getaffinity"):
+        yield
+        return
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, sorted(allowed)[:max(1, cores)])
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
 class EnvProbe:
-    """Measures one shape ``(batch, processes)`` of the env probe at a time (see :func:`probe_env`):
-    in this process, or inside an :class:`EnvProbeWorker` whose calls the driver bounds."""
+    """Measures one shape ``(batch, processes, cores)`` of the env probe at a time (see
+    :func:`probe_env`): in this process, or inside an :class:`EnvProbeWorker` whose calls the
+    driver bounds."""
 
     def __init__(self, cfg: EmbodiedConfig) -> None:
         self.cfg = cfg
         self.policy: Any = None  # infers between steps, as the rollout does
 
-    def measure(self, b: int, procs: int) -> ShapeMeasurement:
+    def measure(self, b: int, procs: int, cores: int | None = None) -> ShapeMeasurement:
+        """``b`` envs in ``procs`` processes, pinned to ``cores`` cores (default: ``procs``), as an
+        env worker placed on that many cores runs them: a simulator's helper threads (a renderer's
+        queue, a physics pool) run on the cores the worker has, not on an idle neighbour."""
         cfg = self.cfg
         # No spin-waiting in env processes: in the pipeline a policy runs between steps and the
         # processes block (what the prediction must cost).
         env_cfg = dataclasses.replace(cfg.env, num_envs=b, num_procs=procs, worker_spin_us=0)
+        with pinned_to(cores or procs):
+            return self._measure(env_cfg, b, procs)
+
+    def _measure(self, env_cfg: Any, b: int, procs: int) -> ShapeMeasurement:
+        cfg = self.cfg
         env = make_vec_env(env_cfg, seed=cfg.seed)
         try:
             instructions = None if env.instructions is None else np.asarray(env.instructions, dtype=str)
@@ -249,35 +279,37 @@ class EnvProbeWorker(Worker):
         torch.set_num_threads(1)
         self.probe = EnvProbe(cfg)
 
-    def measure(self, b: int, procs: int) -> ShapeMeasurement:
-        return self.probe.measure(b, procs)
+    def measure(self, b: int, procs: int, cores: int) -> ShapeMeasurement:
+        return self.probe.measure(b, procs, cores)
 
 
 def probe_env(
     cfg: EmbodiedConfig, cores: int, log: Callable[[str], None] = print,
-    measure: Callable[[int, int], ShapeMeasurement] | None = None,
+    measure: Callable[[int, int, int], ShapeMeasurement] | None = None,
 ) -> tuple[Probe, dict[str, np.ndarray], Any, Any, Any]:
-    """Time one VecEnv.step at chunk sizes N, N/2, N/4 (one process) and N over all cores.
+    """Time one VecEnv.step at chunk sizes N, N/2, N/4 (one process, one core) and N over all cores.
 
     The env probe of ``profile_embodied``, usable on its own. With ``N = cfg.env.num_envs``, each
-    shape ``(batch, processes)`` is stepped ``ENV_PROBE_WARMUP`` times untimed, then
-    ``ENV_PROBE_REPEATS`` times timed; the probe's sample is the median seconds per step (or per
-    chunk with ``policy.action_chunk > 1``). The multi-process shape ``(N, min(cores, N))`` is added
-    only when the configured backend runs processes and ``cores > 1``.
+    shape ``(batch, processes, cores)`` is stepped ``ENV_PROBE_WARMUP`` times untimed, then
+    ``ENV_PROBE_REPEATS`` times timed, pinned to its cores (as a worker placed on them runs); the
+    probe's sample ``(batch, cores, seconds)`` is the median seconds per step (or per chunk with
+    ``policy.action_chunk > 1``). With ``cores > 1`` the last shape is N envs on
+    ``min(cores, N)`` cores: in that many processes when the configured backend runs processes,
+    else in one process, whose simulator may still use a second core (a renderer's queue thread,
+    a physics pool); the fit's scaling exponent says how much.
 
     Between two timed steps the policy infers on the step's observation, as the rollout does in
     the pipeline: env processes that idle between steps wake slower than ones stepped back to back.
     Env processes never spin-wait here (``worker_spin_us=0``).
 
-    ``measure(batch, processes)`` measures one shape (default: :meth:`EnvProbe.measure` in this
-    process; ``profile_embodied`` runs it in an :class:`EnvProbeWorker`).
+    ``measure(batch, processes, cores)`` measures one shape (default: :meth:`EnvProbe.measure` in
+    this process; ``profile_embodied`` runs it in an :class:`EnvProbeWorker`).
 
-    Returns ``(probe, obs, observation_space, action_space, policy, outputs)``: the ``Probe("env")``
-    with samples ``(batch, processes, seconds)``, the reset observation of the first (smallest)
-    probed batch (instructions included, ``(ceil(N/4), ...)`` per key), the env's spaces, an
-    inference-mode policy built from ``cfg.policy``, and the env outputs of the largest
-    one-process batch in step order (what :func:`_probe_rollout` records from). ``log`` receives
-    one line per probed shape.
+    Returns ``(probe, obs, observation_space, action_space, policy, outputs)``: the ``Probe("env")``,
+    the reset observation of the first (smallest) probed batch (instructions included,
+    ``(ceil(N/4), ...)`` per key), the env's spaces, an inference-mode policy built from
+    ``cfg.policy``, and the env outputs of the largest one-process one-core batch in step order
+    (what :func:`_probe_rollout` records from). ``log`` receives one line per probed shape.
     """
     measure = measure or EnvProbe(cfg).measure
     probe = Probe("env")
@@ -285,20 +317,22 @@ def probe_env(
     obs_sample = action_space = obs_space = None
     policy = None
     outputs: list[EnvOutput] = []
-    shapes = [(b, 1) for b in _probe_sizes(n)]
-    for b, procs in shapes:  # grows by one multi-process probe when the backend runs processes
-        m = measure(b, procs)
-        if m.multiprocess and cores > 1 and n > 1 and (n, min(cores, n)) not in shapes:
-            shapes.append((n, min(cores, n)))
+    unit = "step" if cfg.policy.action_chunk == 1 else "chunk"
+    m: ShapeMeasurement | None = None
+    for b in _probe_sizes(n):  # one process on one core, growing batches
+        m = measure(b, 1, 1)
         if obs_sample is None:
             obs_sample, obs_space, action_space = m.obs, m.observation_space, m.action_space
             policy = build_policy(cfg.policy, obs_space, action_space).eval()
-        if m.outputs:
-            outputs = m.outputs  # shapes grow: the last one-process shape is the largest
-        probe.add(b, procs, m.seconds)
-        log(f"  env     batch {b:>4} on {procs} core(s): {m.seconds * 1e3:8.2f} ms/{'step' if cfg.policy.action_chunk == 1 else 'chunk'}")
-    if not any(procs > 1 for _, procs in shapes):
-        probe.scaling_exponent = 0.0  # one process cannot use more cores: more devices do not help
+        outputs = m.outputs or outputs  # the last, the largest batch's
+        probe.add(b, 1, m.seconds)
+        log(f"  env     batch {b:>4} on 1 core(s): {m.seconds * 1e3:8.2f} ms/{unit}")
+    if cores > 1 and n > 1:  # N envs on the cores a worker may get: processes of their own, or one
+        assert m is not None
+        spread = min(cores, n)
+        procs = spread if m.multiprocess else 1
+        probe.add(n, spread, measure(n, procs, spread).seconds)
+        log(f"  env     batch {n:>4} on {spread} core(s), {procs} process(es): {probe.samples[-1][2] * 1e3:8.2f} ms/{unit}")
     return probe, obs_sample, obs_space, action_space, policy, outputs
 
 
@@ -306,16 +340,18 @@ def _probe_env_in_a_worker(cfg: EmbodiedConfig, cluster: Cluster, cores: int, lo
     """:func:`probe_env` with every shape measured in an :class:`EnvProbeWorker` (Ray backend):
     each call waits at most ``cluster.timeout_s``, so an env that hangs while being profiled
     ends the run with a timeout naming the env and the key."""
-    group = WorkerGroup(cluster, EnvProbeWorker, 1, cfg, name="profile-env", resources=RankResources(0.01))
+    # the thread variables an env worker of the pipeline gets (a renderer's threads among them)
+    threads = {k: str(cfg.workers.rollout_threads) for k in THREAD_ENV_VARS}
+    group = WorkerGroup(cluster, EnvProbeWorker, 1, cfg, name="profile-env", resources=RankResources(0.01, env_vars=threads))
 
-    def measure(b: int, procs: int) -> ShapeMeasurement:
+    def measure(b: int, procs: int, on: int) -> ShapeMeasurement:
         try:
-            return group.call("measure", b, procs).result()
+            return group.call("measure", b, procs, on).result()
         except WorkerTimeout as err:
             seconds = group.timeout_s
             raise WorkerTimeout(
                 err.group, err.rank, err.method,
-                f"profiling env {cfg.env.id}: the env probe (build {b} env(s) in {procs} process(es), reset with seed "
+                f"profiling env {cfg.env.id}: the env probe (build {b} env(s) in {procs} process(es) on {on} core(s), reset with seed "
                 f"{cfg.seed}, {ENV_PROBE_WARMUP + ENV_PROBE_REPEATS} steps) got no answer within {seconds:g} s "
                 "(cluster.timeout_s): the env's constructor, reset or step may hang. Its log says where; raise "
                 "cluster.timeout_s if the env is just that slow, or skip profiling with plan.profile=false",
@@ -328,8 +364,16 @@ def _probe_env_in_a_worker(cfg: EmbodiedConfig, cluster: Cluster, cores: int, lo
         group.shutdown()
 
 
-#: Decisions the rollout probe records per timed pass (from the env probe's outputs, cycled).
-ROLLOUT_PROBE_DECISIONS = 8
+#: Most decisions the rollout probe records per timed pass (from the env probe's outputs, cycled).
+ROLLOUT_PROBE_DECISIONS = 32
+
+
+def rollout_probe_decisions(cfg: EmbodiedConfig) -> int:
+    """Decisions per timed pass of the rollout probe: an iteration's ``T`` (at most
+    :data:`ROLLOUT_PROBE_DECISIONS`). A pass's seconds per call average its T decisions and the
+    bootstrap call after them (values only, cheaper than a decision), as the iteration's T + 1
+    calls do; a shorter pass would weigh the cheap call more than the pipeline does."""
+    return max(1, min(workflow_of(cfg).rollout_steps, ROLLOUT_PROBE_DECISIONS))
 
 
 def _tile_rows(x: Any, size: int) -> Any:
@@ -378,7 +422,7 @@ def _rollout_probe(cfg: EmbodiedConfig, outputs: list[EnvOutput], cores: int, lo
         for b in _probe_sizes(cfg.env.num_envs * cfg.workers.env):
             tiled = [tile_output(o, b) for o in outputs]
             per_call(tiled, 2)  # warm-up
-            seconds = float(np.median([per_call(tiled, ROLLOUT_PROBE_DECISIONS) for _ in range(repeats)]))
+            seconds = float(np.median([per_call(tiled, rollout_probe_decisions(cfg)) for _ in range(repeats)]))
             probe.add(b, threads, seconds)
             log(f"  rollout batch {b:>4} on {threads} core(s): {seconds * 1e3:8.2f} ms/call ({where})")
     return probe
@@ -656,7 +700,9 @@ def profile_embodied(cfg: EmbodiedConfig, cluster: Cluster, force: bool = False,
     log(f"  weight sync: {weights_mib:.2f} MiB exported and loaded in {sync_s * 1e3:.2f} ms")
     action_mib = float(np.prod(action_space.shape or (1,))) * 4 * cfg.policy.action_chunk / MIB
     components = {
-        "env": ComponentProfile("env", env_probe.fit(), memory_gib=0.0, output_mib_per_item=obs_mib),
+        # an env that gains less than MIN_THREAD_SCALING from more cores (one process whose helper
+        # threads barely use a second core, or noise) is priced at one core's cost, whatever it gets
+        "env": ComponentProfile("env", fit_threads(env_probe), memory_gib=0.0, output_mib_per_item=obs_mib),
         "rollout": ComponentProfile(
             "rollout", fit_threads(rollout_probe), memory_gib=weights_mib / 1024,
             output_mib_per_item=action_mib, weights_mib=weights_mib,

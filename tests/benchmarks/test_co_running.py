@@ -18,10 +18,15 @@ def test_each_job_is_timed_alone_and_beside_every_other(tmp_path, monkeypatch):
     result = co_running.main(["--recipe", "cartpole_ppo", "--envs", "4", "--calls", "5", "--repeats", "1", "--name", "quick"])
     saved = json.loads((tmp_path / "quick.json").read_text())
     assert saved["side_by_side_over_alone"] == result["side_by_side_over_alone"]
-    assert set(result["alone_s"]) == {"env", "rollout", "matmul"} and all(s > 0 for s in result["alone_s"].values())
-    assert set(result["side_by_side_over_alone"]) == {"env+rollout", "env+matmul", "rollout+matmul"}
+    assert set(result["alone_s"]) == {"env", "rollout", "stream.env", "stream.rollout", "matmul"}
+    assert all(s > 0 for s in result["alone_s"].values())
+    assert set(result["side_by_side_over_alone"]) == {"env+rollout", "env+env", "rollout+rollout", "stream+stream",
+                                                       "env+matmul", "rollout+matmul"}
     for key, ratios in result["side_by_side_over_alone"].items():
-        assert set(ratios) == set(key.split("+")) and all(r > 0 for r in ratios.values())
-        # each ratio is the pair's median over the job's median alone
-        for job, ratio in ratios.items():
-            assert ratio == pytest.approx(result["runs_s"][key][0][job] / result["alone_s"][job])
+        parts = {part for job in key.split("+") for part in co_running.PARTS[job]}
+        assert set(ratios) == parts and all(r > 0 for r in ratios.values())
+        # each ratio is the pair's median over the part's median alone
+        for part, ratio in ratios.items():
+            assert ratio == pytest.approx(result["runs_s"][key][0][part] / result["alone_s"][part])
+    # a stream's halves against the same calls made back to back
+    assert result["stream_alone_over_separate"]["env"] == pytest.approx(result["alone_s"]["stream.env"] / result["alone_s"]["env"])

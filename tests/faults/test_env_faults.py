@@ -121,6 +121,6 @@ def test_an_env_that_hangs_while_profiled_times_out(start, tmp_path):
                    mid_run=False)
     text = assert_clean_end(run, 5)
     assert text.startswith(f"embodied: error: Timed out (exit code 5): measure() failed: profiling env {FAULTY_ENV}: "
-                           "the env probe (build 2 env(s) in 1 process(es), reset with seed 0, 11 steps) got no answer "
-                           "within 8 s (cluster.timeout_s)"), text
+                           "the env probe (build 2 env(s) in 1 process(es) on 1 core(s), reset with seed 0, 11 steps) "
+                           "got no answer within 8 s (cluster.timeout_s)"), text
     assert "It happened while profiling and planning" in text

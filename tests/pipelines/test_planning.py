@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -270,3 +271,42 @@ def test_fit_threads_prices_a_component_as_its_worker_will_run_it():
         scaling.add(b, 2, 0.00055 * b)
     cost = fit_threads(scaling)
     assert cost.scaling_exponent >= MIN_THREAD_SCALING and cost.time_s(400, 2) == pytest.approx(0.22, rel=0.05)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
+def test_env_probe_pins_each_shape_to_the_cores_it_prices(monkeypatch):
+    """A worker placed on one core runs its simulator's helper threads on that core: each
+    one-core shape is stepped pinned to one core, the all-cores shape (one process here) to two,
+    and the probe's process gets its cores back afterwards."""
+    import pipelines.planning as planning
+
+    seen: list[tuple[int, int]] = []
+    real_make = planning.make_vec_env
+
+    def recording_make(env_cfg, seed=None):
+        env = real_make(env_cfg, seed=seed)
+        step = env.step
+
+        def pinned_step(actions):
+            seen.append((env_cfg.num_envs, len(os.sched_getaffinity(0))))
+            return step(actions)
+
+        env.step = pinned_step
+        return env
+
+    monkeypatch.setattr(planning, "make_vec_env", recording_make)
+    before = os.sched_getaffinity(0)
+    probe, *_ = planning.probe_env(_cfg(), cores=2, log=lambda *_: None)
+    assert [(b, devices) for b, devices, _ in probe.samples] == [(2, 1), (4, 1), (8, 1), (8, 2)]
+    assert sorted(set(seen)) == [(2, 1), (4, 1), (8, 1), (8, 2)]
+    assert os.sched_getaffinity(0) == before
+
+
+def test_the_rollout_probe_records_an_iterations_decisions():
+    """A pass of the rollout probe records T decisions and the bootstrap call, as an iteration
+    does (at most ROLLOUT_PROBE_DECISIONS)."""
+    from pipelines.planning import ROLLOUT_PROBE_DECISIONS, rollout_probe_decisions
+
+    assert rollout_probe_decisions(_cfg("algo.rollout_steps=16")) == 16
+    assert rollout_probe_decisions(_cfg("algo.rollout_steps=3")) == 3
+    assert rollout_probe_decisions(_cfg("algo.rollout_steps=500")) == ROLLOUT_PROBE_DECISIONS
