@@ -37,7 +37,8 @@ def plot_timelines(
 
     Panels share the time axis, so equal lengths mean equal seconds. Bars are colored by component;
     onload/offload spans are hatched; text inside a bar is ``t<step> c<chunk>`` (or the epoch / sync /
-    on / off) when it fits. Each panel marks its makespan and mean device utilization.
+    on / off) when it fits. Each panel marks its makespan and mean device utilization after the first
+    line of its name; further lines of the name go below.
     """
     if not timelines:
         raise ValueError("plot_timelines needs at least one timeline")
@@ -92,8 +93,9 @@ def _draw_panel(ax, name, timeline, devices, colors, horizon_s, axes_width_px, d
     ax.set_yticks(range(len(devices)), names, fontsize=8)
     ax.set_ylim(len(devices) - 0.5, -0.5)  # device 0 on top
     ax.set_xlim(0, horizon_s * 1.08)
-    ax.set_title(f"{name}: makespan {timeline.makespan_s:.3g} s, mean utilization {timeline.mean_utilization:.0%}",
-                 fontsize=9, loc="left")
+    head, _, more = name.partition("\n")  # a name's further lines go under its makespan line
+    ax.set_title(f"{head}: makespan {timeline.makespan_s:.3g} s, mean utilization {timeline.mean_utilization:.0%}"
+                 + (f"\n{more}" if more else ""), fontsize=9, loc="left")
     ax.grid(axis="x", color="0.9", linewidth=0.6)
     ax.set_axisbelow(True)
     ax.tick_params(axis="x", labelsize=8)

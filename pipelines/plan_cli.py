@@ -14,17 +14,19 @@ from embodied.timeline_plot import plot_timelines
 from pipelines.cli import build_train_config, register_command
 from pipelines.learn import describe_provenance
 from pipelines.workflow import WORKFLOWS
-from scheduler import Bound, PlanningError, sequential_plan, simulate
+from scheduler import Bound, GapToBound, PlanningError, gap_to_bound, sequential_plan, simulate
 
 
-def describe_bound(bound: Bound, sequential_s: float, chosen_s: float) -> str:
-    """One paragraph: the least time any plan could take here, and what that leaves to gain."""
+def describe_bound(bound: Bound, sequential_s: float, chosen_s: float, gap: GapToBound | None = None) -> str:
+    """One paragraph: the least time any plan could take here, what that leaves to gain, and
+    (``gap``) where the chosen plan spends the time above it."""
     why = ("every component's least core/GPU-seconds spread over all devices" if bound.limited_by == "work"
            else f"{bound.limited_by} alone takes that long")
     work = ", ".join(f"{c} {s:.3g}" for c, s in bound.work_device_s.items())
     return (f"lower bound for any plan: {bound.iteration_s:.3f} s/iteration ({why}; device-seconds: {work}); "
             f"at most {sequential_s / bound.iteration_s:.2f}x over sequential, the chosen plan is "
-            f"{100 * (chosen_s / bound.iteration_s - 1):.0f}% above it")
+            f"{100 * (chosen_s / bound.iteration_s - 1):.0f}% above it"
+            + (f" (beyond the least work: {gap.describe()})" if gap is not None else ""))
 
 
 def cmd_plan(args: list[str]) -> int:
@@ -56,7 +58,8 @@ def cmd_plan(args: list[str]) -> int:
           + f"\npredicted {best.predicted_iteration_s:.3f} s/iteration vs sequential {baseline.predicted_iteration_s:.3f} s "
           f"({speedup:.2f}x)")
     if result.bound is not None:
-        print(describe_bound(result.bound, baseline.predicted_iteration_s, best.predicted_iteration_s))
+        print(describe_bound(result.bound, baseline.predicted_iteration_s, best.predicted_iteration_s,
+                             gap_to_bound(result.best_timeline, result.bound)))
     out = Path(flags.out or f"plan-{cfg.recipe}.png")
     plot_timelines({"sequential (1 chunk, colocated)": base_timeline, f"chosen ({best.mode}, {best.num_chunks} chunks)": result.best_timeline},
                    out, title=f"{cfg.recipe}: one iteration, predicted")

@@ -10,7 +10,7 @@ Pure Python (stdlib only): no torch, no ray, no clock, no I/O; every result is d
 See docs/planner.md for the model and its assumptions.
 """
 
-from scheduler.bounds import Bound, lower_bound
+from scheduler.bounds import Bound, GapToBound, gap_to_bound, lower_bound
 from scheduler.cost_model import CostModel, fit_cost_model
 from scheduler.graph import Dep, Task, call_sizes, chunk_sizes
 from scheduler.memory import memory_violations, peak_memory_gib
@@ -34,6 +34,7 @@ __all__ = [
     "CostModel",
     "Dep",
     "Device",
+    "GapToBound",
     "Plan",
     "PlanResult",
     "PlanningError",
@@ -47,6 +48,7 @@ __all__ = [
     "call_sizes",
     "chunk_sizes",
     "fit_cost_model",
+    "gap_to_bound",
     "lower_bound",
     "memory_violations",
     "peak_memory_gib",

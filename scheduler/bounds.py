@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 
 from scheduler.placements import eligible_classes
-from scheduler.plans import Plan
+from scheduler.plans import Plan, Timeline
 from scheduler.profile import Profile
 from scheduler.resources import Resources
 from scheduler.workflows import Workflow
@@ -79,3 +79,65 @@ def _component_seconds(workflow: Workflow, profile: Profile, component: str, dev
     # The tasks of one component only depend on its own devices; the others are placed alike.
     whole = Plan("colocated", {c: devices for c in spec.components}, 1, None, (), math.nan)
     return sum(t.duration_s for t in spec.build(workflow, whole, profile) if t.component == component and t.kind == "work")
+
+
+@dataclass(frozen=True)
+class GapToBound:
+    """Where a plan's iteration loses time against the work it must do: ``makespan * devices``
+    minus the least device-seconds of every component's work (``Bound.work_device_s``), split into
+    what each component's calls spend beyond their least work (smaller or split calls, more
+    devices than the most efficient count), the weight syncs and context switches, and the
+    device-seconds no task runs. The parts add up to ``lost_device_s``; where the bound is set by
+    the work (``Bound.limited_by == "work"``), ``lost_device_s / devices`` is the plan's distance
+    to the bound in seconds."""
+
+    makespan_s: float
+    devices: int
+    excess_work_device_s: dict[str, float]
+    """Device-seconds each component's work spans take beyond its least work (never negative:
+    the least work is whole calls at the most efficient device count)."""
+    overhead_device_s: dict[str, float]
+    """Device-seconds of spans other than work, by kind (``"sync"``, ``"onload"``, ``"offload"``)."""
+    idle_device_s: float
+    """Device-seconds in the makespan on which no task runs (waits, message delays)."""
+
+    @property
+    def lost_device_s(self) -> float:
+        return sum(self.excess_work_device_s.values()) + sum(self.overhead_device_s.values()) + self.idle_device_s
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "makespan_s": self.makespan_s,
+            "devices": self.devices,
+            "excess_work_device_s": dict(self.excess_work_device_s),
+            "overhead_device_s": dict(self.overhead_device_s),
+            "idle_device_s": self.idle_device_s,
+            "lost_device_s": self.lost_device_s,
+        }
+
+    def describe(self) -> str:
+        """One line: the parts, largest first, in seconds of the iteration (device-seconds over devices)."""
+        parts = {**{f"{c} calls": s for c, s in self.excess_work_device_s.items()},
+                 **self.overhead_device_s, "idle": self.idle_device_s}
+        shown = sorted(((s / self.devices, name) for name, s in parts.items() if abs(s) > 1e-9), reverse=True)
+        return ", ".join(f"{name} {s:+.2f} s" for s, name in shown) or "nothing"
+
+
+def gap_to_bound(timeline: Timeline, bound: Bound) -> GapToBound:
+    """Split ``timeline``'s distance to ``bound`` (see :class:`GapToBound`); both from the same
+    workflow, profile and resources."""
+    work: dict[str, float] = {c: 0.0 for c in bound.work_device_s}
+    overhead: dict[str, float] = {}
+    for span in timeline.spans:
+        if span.kind == "work":
+            work[span.component] = work.get(span.component, 0.0) + span.duration_s
+        else:
+            overhead[span.kind] = overhead.get(span.kind, 0.0) + span.duration_s
+    busy = sum(work.values()) + sum(overhead.values())
+    return GapToBound(
+        makespan_s=timeline.makespan_s,
+        devices=bound.devices,
+        excess_work_device_s={c: s - bound.work_device_s.get(c, 0.0) for c, s in work.items()},
+        overhead_device_s=overhead,
+        idle_device_s=timeline.makespan_s * bound.devices - busy,
+    )

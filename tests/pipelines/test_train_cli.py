@@ -276,6 +276,7 @@ def test_plan_command_prints_candidates_bound_and_draws_the_timeline(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "mode" in result.stdout and "predicted_s" in result.stdout  # the candidate table
     assert "chosen:" in result.stdout and "lower bound for any plan:" in result.stdout
+    assert "beyond the least work: " in result.stdout  # where the chosen plan spends the time above it
     assert out.stat().st_size > 10_000
     saved = json.loads(data.read_text())
     bound, chosen, sequential = saved["bound"], saved["plan"], saved["sequential"]

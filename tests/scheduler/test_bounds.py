@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from scheduler import PlanningError, Resources, Workflow, lower_bound, plan, sequential_plan
+from scheduler import PlanningError, Resources, Workflow, gap_to_bound, lower_bound, plan, sequential_plan, simulate
 from tests.scheduler.profiles import component, profile, random_instance
 from tests.scheduler.test_search import brute_force_best_s
 
@@ -74,3 +74,42 @@ def test_bound_serializes():
     workflow, prof, resources = random_instance(3)
     data = lower_bound(workflow, prof, resources).to_dict()
     assert set(data) == {"iteration_s", "work_device_s", "fastest_s", "devices", "limited_by"}
+
+
+@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.parametrize("kind", ["embodied", "reasoning"])
+def test_the_gap_to_the_bound_splits_into_parts_none_of_them_negative(seed, kind):
+    workflow, prof, resources = random_instance(seed, kind)
+    bound = lower_bound(workflow, prof, resources)
+    try:
+        result = plan(workflow, prof, resources, max_chunks=4)
+    except PlanningError:
+        return
+    for candidate, timeline in result.candidates:
+        gap = gap_to_bound(timeline, bound)
+        assert gap.lost_device_s == pytest.approx(timeline.makespan_s * bound.devices - sum(bound.work_device_s.values()))
+        # whole calls at the most efficient device count are the least work: no plan's calls do less
+        assert all(s >= -1e-9 for s in gap.excess_work_device_s.values()), (candidate, gap)
+        assert gap.idle_device_s >= -1e-9 and all(s >= 0 for s in gap.overhead_device_s.values())
+        if bound.limited_by == "work":
+            assert gap.lost_device_s / bound.devices == pytest.approx(timeline.makespan_s - bound.iteration_s)
+
+
+def test_gap_to_bound_by_hand():
+    # 4 envs, 1 step, 1 epoch on 2 cores. env 0.1 s per env on any core count (one process), rollout
+    # 0.2 s per env on one core and 0.2 / 2**0.5 on two (exponent 0.5), two calls (the step's and the
+    # bootstrap), trainer 0.1 s per sample, linear. Least work: env 0.4, rollout 1.6 (one core),
+    # trainer 0.4 core-s: 2.4 over 2 cores = 1.2 s.
+    prof = profile(component("env", 0.0, 0.1, 0.0), component("rollout", 0.0, 0.2, 0.5),
+                   component("trainer", 0.0, 0.1, 1.0))
+    workflow, resources = Workflow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(2, 8.0)
+    bound = lower_bound(workflow, prof, resources)
+    assert bound.iteration_s == pytest.approx(1.2) and bound.limited_by == "work"
+    # Sequential on both cores, nothing idle: env 0.4 s on two cores (0.8 core-s: +0.4), rollout
+    # 2 x 0.8 / 2**0.5 s on two (+1.6 * 2**0.5 - 1.6 = +0.66), trainer 0.2 s on two (0.4: +0).
+    timeline = simulate(sequential_plan(workflow, resources, prof), prof, workflow, resources)
+    gap = gap_to_bound(timeline, bound)
+    assert gap.idle_device_s == pytest.approx(0.0, abs=1e-9) and gap.overhead_device_s == {}
+    assert gap.excess_work_device_s == pytest.approx({"env": 0.4, "rollout": 1.6 * 2**0.5 - 1.6, "trainer": 0.0})
+    assert gap.lost_device_s / 2 == pytest.approx(timeline.makespan_s - 1.2)
+    assert gap.describe() == "rollout calls +0.33 s, env calls +0.20 s"
