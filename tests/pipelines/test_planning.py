@@ -12,7 +12,17 @@ from embodied.errors import ConfigError
 from embodied.runtime import Cluster, ClusterConfig
 from pipelines.config import EmbodiedConfig
 from pipelines.embodied import EmbodiedWorkflow
-from pipelines.planning import measured_factors, prefer_simple, profile_embodied, runnable_modes, shared_wall_s, workflow_of
+from embodied.profiler import Probe
+from pipelines.planning import (
+    MIN_THREAD_SCALING,
+    fit_threads,
+    measured_factors,
+    prefer_simple,
+    profile_embodied,
+    runnable_modes,
+    shared_wall_s,
+    workflow_of,
+)
 from pipelines.replan import rescale
 from pipelines.workflow import Layout
 from scheduler import ComponentProfile, CostModel, Plan, PlanResult, Profile, Resources, Timeline
@@ -170,9 +180,18 @@ def test_profile_is_measured_then_cached(tmp_path, monkeypatch):
     for name in ("env", "rollout", "trainer"):
         cost = prof[name].cost
         assert cost.time_s(8, 1) > 0 and math.isfinite(cost.time_s(8, 1))
-    # probes of the env at several chunk sizes; CartPole steps in one process, so more cores do not help
-    assert {b for b, _, _ in prof.meta["probes"]["env"]} >= {2, 4, 8}
-    assert prof["env"].cost.scaling_exponent == pytest.approx(0.0, abs=0.05)
+    # probes of the env at several chunk sizes, and on both cores (CartPole steps in one process)
+    samples = prof.meta["probes"]["env"]
+    assert {b for b, _, _ in samples} >= {2, 4, 8} and {d for _, d, _ in samples} == {1, 2}
+    # priced from those samples by the workers' thread rule: at one core's cost unless the second
+    # core measured a gain of at least MIN_THREAD_SCALING (on a quiet machine CartPole's does not;
+    # beside other tests the two-core shape may dodge their load, so the test holds the rule, not
+    # the timing)
+    probe = Probe("env")
+    for sample in samples:
+        probe.add(*sample)
+    assert prof["env"].cost == fit_threads(probe)
+    assert prof["env"].cost.scaling_exponent == 0.0 or prof["env"].cost.scaling_exponent >= MIN_THREAD_SCALING
     assert prof["rollout"].weights_mib > 0 and prof["trainer"].onload_s >= 0
     assert workflow_of(cfg).num_envs == 8
 

@@ -37,6 +37,15 @@ def require_maniskill() -> None:
         pytest.skip(problem)
 
 
+#: A planned run takes its plan and its workers' torch thread counts from timings, and a thread
+#: count changes the floating-point sums of an update: under the load of parallel tests (or on
+#: another CPU) a seed's learning curve is another draw, and CartPole's PPO can lose its 500 at the
+#: end of one. The two CartPole learning tests run unplanned (every worker on every core, one
+#: thread each): the same numbers in every run on a machine. Planned runs learn in
+#: test_cartpole_ppo_learns_with_training_beside_the_next_collection and the Reach1D test.
+UNPLANNED = ("plan.profile=false",)
+
+
 def summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
@@ -45,7 +54,7 @@ def summary(run: Path) -> dict:
 @pytest.mark.learning
 def test_cartpole_ppo_learns_through_the_ray_pipeline(tmp_path):
     run = tmp_path / "cartpole"
-    result = embodied("train", "cartpole_ppo", f"run.dir={run}", "seed=1")
+    result = embodied("train", "cartpole_ppo", f"run.dir={run}", "seed=1", *UNPLANNED)
     assert result.returncode == 0, result.stderr[-3000:]
     s = summary(run)
     assert s["train/episode_return"] >= 450, s
@@ -72,7 +81,7 @@ def test_cartpole_ppo_learns_through_the_ray_pipeline(tmp_path):
 @pytest.mark.learning
 def test_cartpole_grpo_learns_without_a_critic(tmp_path):
     run = tmp_path / "cartpole-grpo"
-    result = embodied("train", "cartpole_grpo", f"run.dir={run}", "seed=1", "logging.wandb=false")
+    result = embodied("train", "cartpole_grpo", f"run.dir={run}", "seed=1", "logging.wandb=false", *UNPLANNED)
     assert result.returncode == 0, result.stderr[-3000:]
     s = summary(run)
     assert s["eval/episode_return"] >= 450, s
