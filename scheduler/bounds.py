@@ -5,8 +5,10 @@ into as few calls as possible (one chunk, no micro-batching: per-call costs are 
 batch, so merging calls never costs more) and the device count that makes its device-seconds
 smallest, a component needs at least ``work_device_s[c]`` device-seconds. No plan fits the sum
 into less than ``sum / devices`` seconds, and no plan runs a component faster than its fastest
-device count allows (its calls share its devices, so they run one after another). Messages,
-context switches and weight syncs only add time, so they are left out.
+device count allows: its calls share its devices, so they run one after another, except a pool
+component's in ``shared`` lanes or ``streams``, whose chains run side by side, each with at least
+its share of the items (the largest of L equal chunks) on at most ``D - L + 1`` of the pool's D
+cores. Messages, context switches and weight syncs only add time, so they are left out.
 
 The bound answers "could pipelining do better here?" with a number: if the sequential plan is
 only ``s`` times slower than the bound, no plan is more than ``s`` times faster.
@@ -67,18 +69,37 @@ def lower_bound(workflow: Workflow, profile: Profile, resources: Resources) -> B
                 seconds = _component_seconds(workflow, profile, component, device_class.indices[:n])
                 work[component] = min(work[component], n * seconds)
                 fastest[component] = min(fastest[component], seconds)
+            if component in spec.pool and device_class.kind == "cpu":
+                fastest[component] = min(fastest[component], _fastest_in_streams(workflow, profile, component,
+                                                                                 device_class.indices))
         if math.isinf(work[component]):
             raise ValueError(f"no device of {resources} is eligible for component {component!r}")
     iteration_s = max(sum(work.values()) / len(usable), max(fastest.values()))
     return Bound(iteration_s, work, fastest, len(usable))
 
 
-def _component_seconds(workflow: Workflow, profile: Profile, component: str, devices: tuple[int, ...]) -> float:
-    """Seconds of ``component``'s work tasks in one iteration on ``devices`` (one chunk, whole calls)."""
+def _component_seconds(workflow: Workflow, profile: Profile, component: str, devices: tuple[int, ...],
+                       streams: int = 1) -> float:
+    """Seconds of ``component``'s work tasks in one iteration on ``devices``: with ``streams=1`` all
+    of them (one chunk, whole calls); with more, those of the largest of ``streams`` equal chunks
+    (what one of that many streams does)."""
     spec = workflow.spec
     # The tasks of one component only depend on its own devices; the others are placed alike.
-    whole = Plan("colocated", {c: devices for c in spec.components}, 1, None, (), math.nan)
-    return sum(t.duration_s for t in spec.build(workflow, whole, profile) if t.component == component and t.kind == "work")
+    whole = Plan("colocated", {c: devices for c in spec.components}, streams, None, (), math.nan)
+    return sum(t.duration_s for t in spec.build(workflow, whole, profile)
+               if t.component == component and t.kind == "work" and (streams == 1 or t.chunk == 0))
+
+
+def _fastest_in_streams(workflow: Workflow, profile: Profile, component: str, pool: tuple[int, ...]) -> float:
+    """The least seconds a pool component (``WorkflowKind.pool``) takes where ``shared`` lanes or
+    ``streams`` run its calls as parallel chains: with L of them on the pool's D cores, one chain
+    holds at least the largest of L equal chunks, on at most D - L + 1 cores (a lane: one)."""
+    total = workflow.spec.chunk_total(workflow)
+    return min(
+        _component_seconds(workflow, profile, component, pool[:n], streams)
+        for streams in range(2, min(len(pool), total) + 1)
+        for n in range(1, len(pool) - streams + 2)
+    ) if min(len(pool), total) >= 2 else math.inf
 
 
 @dataclass(frozen=True)
