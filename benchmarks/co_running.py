@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.common import write_result
+from benchmarks.common import command_of, write_result
 
 JOBS = ("env", "rollout", "stream", "matmul")
 PARTS = {"env": ("env",), "rollout": ("rollout",), "stream": ("stream.env", "stream.rollout"), "matmul": ("matmul",)}
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             together[key] = {part: statistics.median(run[part] for run in runs[key]) / alone[part] for part in parts}
     result = {
         "benchmark": "co_running",
-        "command": "python -m benchmarks.co_running " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command_of("co_running", argv),
         "recipe": args.recipe, "envs": args.envs, "calls": args.calls, "repeats": args.repeats,
         "runs_s": runs,
         "alone_s": alone,

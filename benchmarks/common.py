@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
 import time
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -26,9 +28,15 @@ def machine_info() -> dict[str, Any]:
         gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     except Exception:
         gpu = None
+    from embodied.profiler import hardware_fingerprint
+
     return {
         "cpu_cores": os.cpu_count(),
         "cpu": platform.processor() or platform.machine(),
+        # the model and vector units: hosts of one size differ 3-4x in speed and in their
+        # floating-point sums (docs/benchmarks.md), so every result says which one it ran on
+        "cpu_model": hardware_fingerprint()["cpu"],
+        "cpu_vector_units": cpu_vector_units(),
         "gpu": gpu,
         "python": platform.python_version(),
         "versions": versions,
@@ -41,3 +49,20 @@ def write_result(name: str, result: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps({"machine": machine_info(), **result}, indent=2) + "\n")
     return path
+
+
+def cpu_vector_units() -> list[str]:
+    """The SIMD extensions of this CPU that change which kernels torch runs (Linux; else [])."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+
+
+def command_of(benchmark: str, argv: Sequence[str] | None) -> str:
+    """The command that ran ``benchmarks.<benchmark>`` with ``argv`` (None: this process's own
+    arguments, as ``main()`` called from the shell gets them)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    return " ".join(["python -m", f"benchmarks.{benchmark}", *args])

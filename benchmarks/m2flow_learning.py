@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import write_result
+from benchmarks.common import command_of, write_result
 from embodied.config import apply_overrides
 from pipelines.config import EmbodiedConfig
 from pipelines.recipes import load_recipe
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(f"    {line}", flush=True)
     result = {
         "benchmark": "m2flow_learning",
-        "command": "python -m benchmarks.m2flow_learning " + " ".join(argv or []),
+        "command": command_of("m2flow_learning", argv),
         "recipe": args.recipe,
         "iterations": args.iterations,
         "overrides": overrides,

@@ -27,7 +27,7 @@ from typing import Any
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster
 from embodied.timeline_plot import plot_timelines
-from benchmarks.common import RESULTS, write_result
+from benchmarks.common import RESULTS, command_of, write_result
 from pipelines.config import EmbodiedConfig
 from pipelines.embodied import EmbodiedWorkflow
 from pipelines.planning import plan_embodied, profile_embodied, resources_of, workflow_of
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {
         "benchmark": "m2flow_pipelining",
         "workload_name": args.workload,
-        "command": "python -m benchmarks.m2flow_pipelining " + " ".join(argv or []),
+        "command": command_of("m2flow_pipelining", argv),
         "workload": {"recipe": Path(args.recipe).name, "env": base.env.id, "obs_mode": base.env.obs_mode,
                      "num_envs": base.env.num_envs, "rollout_steps": base.algo.rollout_steps, "policy": base.policy.name,
                      "policy_kwargs": base.policy.kwargs},

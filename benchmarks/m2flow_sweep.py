@@ -35,7 +35,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from benchmarks.common import RESULTS, write_result
+from benchmarks.common import RESULTS, command_of, write_result
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster
 from pipelines.config import EmbodiedConfig
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     png = plot(results, RESULTS / f"{name}.png")
     result = {
         "benchmark": "m2flow_sweep",
-        "command": "python -m benchmarks.m2flow_sweep " + " ".join(argv or []),
+        "command": command_of("m2flow_sweep", argv),
         "settings": {"iterations": args.iterations, "warmup": args.warmup, "max_chunks": args.max_chunks, "quick": args.quick},
         "recipes": results,
         "table_md": md,

@@ -22,7 +22,7 @@ from pipelines.embodied import EmbodiedWorkflow
 from pipelines.plain_loop import PlainLoop
 from pipelines.recipes import load_recipe
 from pipelines.runner import Runner
-from benchmarks.common import write_result
+from benchmarks.common import command_of, write_result
 
 
 class Plain:
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"({stale['plan']['mode']} {stale['plan']['placement']}) ratio {stale_ratio:.2f}x", flush=True)
     result = {
         "benchmark": "pipeline_overhead",
-        "command": "python -m benchmarks.pipeline_overhead " + " ".join(argv if argv is not None else []),
+        "command": command_of("pipeline_overhead", argv),
         "recipe": args.recipe,
         "env": cfg.env.id,
         "num_envs": cfg.env.num_envs,

@@ -29,7 +29,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from benchmarks.common import RESULTS, write_result  # noqa: E402
+from benchmarks.common import RESULTS, command_of, write_result  # noqa: E402
 from embodied.config import apply_overrides, to_dict  # noqa: E402
 from embodied.runtime import Cluster  # noqa: E402
 from pipelines.reasoning.config import ReasoningConfig  # noqa: E402
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"tokens/s, {summary['median_iteration_s']:.3f} s/iteration (medians)")
     out = {
         "benchmark": "reasoning_grpo",
-        "command": "python -m benchmarks.reasoning_grpo " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command_of("reasoning_grpo", argv),
         "config": to_dict(cfg),
         "plan": result["plan"],
         "summary": summary,

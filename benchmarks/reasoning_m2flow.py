@@ -25,7 +25,7 @@ import statistics
 import sys
 from typing import Any
 
-from benchmarks.common import RESULTS, write_result
+from benchmarks.common import RESULTS, command_of, write_result
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster
 from embodied.timeline_plot import plot_timelines
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     result = {
         "benchmark": "reasoning_m2flow",
-        "command": "python -m benchmarks.reasoning_m2flow " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command_of("reasoning_m2flow", argv),
         "conditions": conditions,
         "workload": {"recipe": "reasoning_grpo_tiny", "prompts": base.data.train_batch_size, "group_size": base.algo.group_size,
                      "max_new_tokens": base.max_new_tokens, "minibatches": base.algo.num_minibatches,

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import write_result
+from benchmarks.common import command_of, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_ID = "HalfCheetah-v5"
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
              for name in ("embodied", "embodied_staleness_1")}
     result: dict[str, Any] = {
         "benchmark": "sb3_comparison",
-        "command": "python -m benchmarks.sb3_comparison " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command_of("sb3_comparison", argv),
         "env": ENV_ID, "settings": SETTINGS, "steps_per_run": args.steps, "sb3_version": stable_baselines3.__version__,
         "rounds": rounds,
         "median_env_steps_per_s": {name: statistics.median(row[name]["env_steps_per_s"] for row in rounds) for name in rounds[0]},

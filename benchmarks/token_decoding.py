@@ -24,7 +24,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from benchmarks.common import write_result
+from benchmarks.common import command_of, write_result
 from embodied.config import apply_overrides
 from pipelines.config import EmbodiedConfig
 from pipelines.recipes import load_recipe
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         torch.set_num_threads(before)
     result = {
         "benchmark": "token_decoding",
-        "command": "python -m benchmarks.token_decoding " + " ".join(argv or []),
+        "command": command_of("token_decoding", argv),
         "policy": {"name": cfg.policy.name, "kwargs": cfg.policy.kwargs, "action_tokens": policies[0].num_action_tokens,
                    "obs_tokens": policies[0].num_obs_tokens},
         "rows": rows,

@@ -40,7 +40,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from benchmarks.common import RESULTS, write_result  # noqa: E402
+from benchmarks.common import RESULTS, command_of, write_result  # noqa: E402
 from embodied.checkpoint import load_checkpoint  # noqa: E402
 from embodied.config import to_dict  # noqa: E402
 from embodied.metrics import read_metrics  # noqa: E402
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             + f"; target +{TARGET_POINTS:g} ({res['headline']}) {'met' if res['target_met'] else 'NOT met'}")
     out = {
         "benchmark": "vla_rl",
-        "command": "python -m benchmarks.vla_rl " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command_of("vla_rl", argv),
         "target_points": TARGET_POINTS,
         "evaluation": {"episodes": episodes, "seeds": f"seed + {EVAL_SEED_OFFSET} + env index, the same before and after",
                        "headline": "greedy (argmax action tokens), the recipes' eval.deterministic=true",

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from benchmarks.common import write_result
+from benchmarks.common import command_of, write_result
 from embodied.runtime import Cluster, ClusterConfig
 from embodied.runtime.weights import WeightSyncer
 
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     base = results["numpy_state_dict"]["sync_s"]
     summary = {v: {"speedup_vs_numpy": base / r["sync_s"], "bytes_vs_numpy": r["bytes_per_sync"] / results["numpy_state_dict"]["bytes_per_sync"]}
                for v, r in results.items()}
-    result = {"benchmark": "weight_sync", "command": "python -m benchmarks.weight_sync " + " ".join(argv or []),
+    result = {"benchmark": "weight_sync", "command": command_of("weight_sync", argv),
               "params_m": args.params_m, "results": results, "summary": summary}
     path = write_result(args.name, result)
     print(f"wrote {path}")
