@@ -31,19 +31,40 @@ def test_candidates_are_distinct_capped_and_include_sequential_and_choice():
     assert [(p.mode, p.num_chunks) for p in plans] == [("hybrid", 2), ("hybrid", 1), ("colocated", 1)]
 
 
+def _row(plan: str, predicted: float, times: list[float], scales: list[float], **flags) -> dict:
+    measured = sorted(times)[len(times) // 2]
+    return {"plan": plan, "predicted_s": predicted, "measured_s": measured, "error": (predicted - measured) / measured,
+            "profiled_error": -0.25, "measured_full_s": sorted(t / s for t, s in zip(times, scales))[len(times) // 2],
+            "chosen": False, "sequential": False, "first_choice": False, **flags}
+
+
 def test_table_reports_choice_vs_best_and_the_gap_captured():
     rows = [
-        {"plan": "colocated 1ch", "predicted_s": 2.0, "measured_s": 2.0, "error": 0.0, "chosen": False, "sequential": True},
-        {"plan": "hybrid 2ch", "predicted_s": 1.5, "measured_s": 1.6, "error": -0.0625, "chosen": True, "sequential": False},
-        {"plan": "hybrid 3ch", "predicted_s": 1.6, "measured_s": 1.5, "error": 0.0667, "chosen": False, "sequential": False},
+        _row("colocated 1ch", 2.0, [2.0], [1.0], sequential=True, first_choice=True),
+        _row("hybrid 2ch", 1.5, [1.6], [1.0], chosen=True),
+        _row("hybrid 3ch", 1.6, [1.5], [1.0]),
     ]
-    summary = {"chosen": "hybrid 2ch", "best": "hybrid 3ch", "chosen_measured_s": 1.6, "best_measured_s": 1.5,
-               "chosen_over_best": 1.6 / 1.5, "chosen_error": -0.0625, "max_abs_error": 0.0667,
-               "first_choice": "colocated 1ch", "first_choice_profiled_error": -0.25, "calibration_iterations": 6,
-               "sequential_measured_s": 2.0, "speedup_vs_sequential": 1.25, "bound_s": 1.2, "gap_captured": 0.5}
+    summary = sweep.summarize(rows, bound_s=1.2, calibration_iterations=6)
+    assert summary["best"] == "hybrid 3ch" and summary["chosen_over_best"] == pytest.approx(1.6 / 1.5)
+    assert summary["gap_captured"] == pytest.approx(0.5) and summary["speedup_vs_sequential"] == pytest.approx(1.25)
     md = sweep.table([{"label": "toy", "candidates": rows, "summary": summary}])
-    assert md.splitlines()[-1] == ("| toy | hybrid 2ch | 1.500 | 1.600 | -6.2% | colocated 1ch (-25.0%) | 1.500 (hybrid 3ch) "
-                                   "| +6.7% | 2.000 | 1.200 | 50% | 6 |")
+    assert md.splitlines()[-1] == ("| toy | hybrid 2ch | 1.500 | 1.600 | -6.3% | colocated 1ch (-25.0%) | 1.600 | 1.500 "
+                                   "(hybrid 3ch) | +6.7% | 2.000 | 1.200 | 50% | 6 |")
+
+
+def test_early_ended_iterations_are_compared_per_full_iteration():
+    # a GRPO iteration ends with its episodes, at another point under each plan: the plan that did a
+    # smaller share of its iteration (0.1 against 0.25) is not the faster one for measuring less
+    rows = [
+        _row("colocated 1ch", 0.16, [0.16, 0.16], [0.25, 0.25], sequential=True, first_choice=True),
+        _row("streams 2ch", 0.06, [0.06, 0.06], [0.1, 0.1]),
+        _row("hybrid 2ch", 0.09, [0.09, 0.09], [0.25, 0.25], chosen=True),
+    ]
+    summary = sweep.summarize(rows, bound_s=0.2, calibration_iterations=3)
+    assert summary["best"] == "hybrid 2ch" and summary["chosen_over_best"] == 1.0
+    assert summary["chosen_full_s"] == pytest.approx(0.36) and summary["sequential_full_s"] == pytest.approx(0.64)
+    # the bound is per full iteration: 0.2 s against 0.64 s sequential and 0.36 s chosen
+    assert summary["gap_captured"] == pytest.approx((0.64 - 0.36) / (0.64 - 0.2))
 
 
 @pytest.mark.slow
@@ -67,7 +88,9 @@ def test_quick_sweep_measures_every_candidate_of_a_recipe(tmp_path, monkeypatch)
     chosen = next(r for r in rows if r["chosen"])
     assert summary["calibration_iterations"] >= 2 and chosen["calibrated"]
     assert chosen["predicted_s"] != chosen["profiled_s"]
-    assert summary["best_measured_s"] == min(r["measured_s"] for r in rows)
+    # CartPole PPO iterations are full ones: per full iteration is as measured
+    assert all(r["measured_full_s"] == pytest.approx(r["measured_s"]) for r in rows)
+    assert summary["best_full_s"] == min(r["measured_full_s"] for r in rows)
     assert summary["chosen_over_best"] >= 1.0
     saved = json.loads((tmp_path / "m2flow_sweep_quick.json").read_text())
     assert saved["table_md"].count("\n") == 2 and (tmp_path / "m2flow_sweep_quick.png").stat().st_size > 0
