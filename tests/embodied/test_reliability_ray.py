@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -195,7 +196,9 @@ def another_ray_on_this_machine():
             time.sleep(0.5)
         yield head.pid
     finally:
-        os.killpg(head.pid, 15)
+        # Ctrl-C, as its user would stop it: `ray start --block` exits in ~3 s on SIGINT, while on
+        # SIGTERM to its group it outlives a 30 s wait
+        os.killpg(head.pid, signal.SIGINT)
         try:
             head.wait(timeout=30)
         except subprocess.TimeoutExpired:

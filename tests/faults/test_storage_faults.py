@@ -36,6 +36,7 @@ def copy_of(finished, tmp_path) -> Path:
     return run_dir
 
 
+@pytest.mark.xdist_group("finished_run")  # one worker trains the module's finished run once
 def test_a_corrupt_latest_checkpoint_names_the_intact_one_then_falls_back(copy_of):
     run_dir = copy_of
     latest = latest_checkpoint(run_dir)
@@ -58,6 +59,7 @@ def test_a_corrupt_latest_checkpoint_names_the_intact_one_then_falls_back(copy_o
     assert all(checkpoint_problems(c) == [] for c in list_checkpoints(run_dir / "checkpoints"))
 
 
+@pytest.mark.xdist_group("finished_run")  # one worker trains the module's finished run once
 def test_a_resume_whose_model_differs_changes_nothing_then_a_plain_resume_works(copy_of):
     run_dir = copy_of
     before = snapshot(run_dir)
