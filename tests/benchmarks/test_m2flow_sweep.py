@@ -4,6 +4,7 @@ under exactly that plan, the choice against the measured best, the share of the 
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -32,9 +33,10 @@ def test_candidates_are_distinct_capped_and_include_sequential_and_choice():
 
 
 def _row(plan: str, predicted: float, times: list[float], scales: list[float], **flags) -> dict:
-    measured = sorted(times)[len(times) // 2]
+    """A measured candidate as sweep_recipe records it (medians of its iterations)."""
+    measured = statistics.median(times)
     return {"plan": plan, "predicted_s": predicted, "measured_s": measured, "error": (predicted - measured) / measured,
-            "profiled_error": -0.25, "measured_full_s": sorted(t / s for t, s in zip(times, scales))[len(times) // 2],
+            "profiled_error": -0.25, "measured_full_s": statistics.median(t / s for t, s in zip(times, scales)),
             "chosen": False, "sequential": False, "first_choice": False, **flags}
 
 

@@ -119,6 +119,10 @@ def test_gym_ppo_learns_a_continuous_env_defined_in_a_test_file(tmp_path):
     assert s["eval/success_rate"] is not None
 
 
+#: the tests sharing ``short_run`` go to one pytest-xdist worker, which trains it once
+SHORT_RUN = pytest.mark.xdist_group("short_run")
+
+
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("runs") / "short"
@@ -130,7 +134,7 @@ def short_run(tmp_path_factory):
     return run
 
 
-@pytest.mark.xdist_group("short_run")  # one worker trains the module's short run once
+@SHORT_RUN
 def test_resume_continues_from_the_latest_checkpoint(short_run, tmp_path):
     before = [json.loads(x) for x in (short_run / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in before] == [1, 2, 3, 4]
@@ -144,7 +148,7 @@ def test_resume_continues_from_the_latest_checkpoint(short_run, tmp_path):
     assert yaml.safe_load((short_run / "config.yaml").read_text())["algo"]["total_env_steps"] == 3072
 
 
-@pytest.mark.xdist_group("short_run")  # one worker trains the module's short run once
+@SHORT_RUN
 def test_eval_reports_return_of_a_run(short_run):
     result = embodied("eval", str(short_run), "episodes=3")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -156,7 +160,7 @@ def _snapshot(run: Path) -> dict[str, bytes]:
     return {str(p): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.xdist_group("short_run")  # one worker trains the module's short run once
+@SHORT_RUN
 @pytest.mark.parametrize(
     "args, needle",
     [
@@ -179,7 +183,7 @@ def test_bad_input_is_one_paragraph_exit_2_and_writes_nothing(short_run, args, n
     assert _snapshot(short_run) == before
 
 
-@pytest.mark.xdist_group("short_run")  # one worker trains the module's short run once
+@SHORT_RUN
 def test_bad_override_on_resume_writes_nothing(short_run):
     before = _snapshot(short_run)
     result = embodied("train", f"resume={short_run}", "algo.lrr=1")
@@ -187,7 +191,7 @@ def test_bad_override_on_resume_writes_nothing(short_run):
     assert _snapshot(short_run) == before
 
 
-@pytest.mark.xdist_group("short_run")  # one worker trains the module's short run once
+@SHORT_RUN
 def test_existing_run_dir_is_not_overwritten(short_run):
     before = _snapshot(short_run)
     result = embodied("train", "cartpole_ppo", f"run.dir={short_run}")
