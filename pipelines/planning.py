@@ -29,6 +29,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from embodied.errors import UserError
 from embodied.config import to_dict
 from embodied.offload import Offloader
 from embodied.profiler import Probe, cache_key, hardware_fingerprint, load_cached, store_cached, time_call
@@ -115,6 +116,11 @@ def machine_of(cfg: EmbodiedConfig, cluster: Cluster) -> Machine:
     cuda = any(resolve_device(d).type == "cuda" for d in (cfg.workers.rollout_device, cfg.workers.trainer_device))
     if len(nodes) <= 1 and not cuda:
         return Machine.local_cpus(cfg.cluster.num_cpus)
+    if cuda and not any(node.gpus for node in nodes):
+        asked = ", ".join(f"workers.{k}={getattr(cfg.workers, k)}" for k in ("rollout_device", "trainer_device")
+                          if resolve_device(getattr(cfg.workers, k)).type == "cuda")
+        raise UserError(f"{asked}, but the cluster has no GPU (Ray sees none on its {len(nodes)} node(s)). Use cpu or "
+                        "auto, or start the run on a machine (or a Ray cluster) with CUDA GPUs.")
     gpu_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 80.0
     local = Machine.local_cpus(cfg.cluster.num_cpus)
     cpu_gib = local.resources.devices[0].memory_gib

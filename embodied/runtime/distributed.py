@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import inspect
 import os
 import socket
 from collections.abc import Callable, Iterator
@@ -317,10 +318,10 @@ class DDPParallel(_Distributed):
 
         wrapped = self._wrapped
         if wrapped is None or wrapped.module.policy is not policy or wrapped.find_unused_parameters != self.find_unused:
-            # forward_sync_buffers=False: buffers (normalizers) are updated identically on every
+            # No buffer sync in forward: buffers (normalizers) are updated identically on every
             # rank from the same samples, and synced from rank 0 when wrapped.
             wrapped = DistributedDataParallel(_LossModule(policy), find_unused_parameters=self.find_unused,
-                                              forward_sync_buffers=False)
+                                              **_NO_FORWARD_BUFFER_SYNC)
             wrapped.register_comm_hook(None, _sum_gradients)
             self._wrapped = wrapped
         yield _Trainer(policy, wrapped)
@@ -328,6 +329,18 @@ class DDPParallel(_Distributed):
 
     def release(self) -> None:
         self._wrapped = None
+
+
+def _no_forward_buffer_sync() -> dict[str, bool]:
+    """DDP's keyword that skips the buffer broadcast before each forward: ``forward_sync_buffers``
+    (torch 2.12 and later), else ``broadcast_buffers`` (which earlier releases read for it)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
+
+
+_NO_FORWARD_BUFFER_SYNC = _no_forward_buffer_sync()
 
 
 class FSDPParallel(_Distributed):

@@ -12,8 +12,10 @@ timm                              transformers
                                   a zero CLS slot (timm adds none to CLS and registers);
                                   SigLIP: ``embeddings.position_embedding.weight`` (N, D)
 ``patch_embed.proj``              ``embeddings.patch_embeddings.projection`` / ``embeddings.patch_embedding``
-``blocks.i.attn.qkv`` (3D, D)     ``{q,k,v}_proj`` (q, k, v in that order along dim 0)
-``blocks.i.attn.proj``            ``attention.o_proj`` / ``self_attn.out_proj``
+``blocks.i.attn.qkv`` (3D, D)     ``{q,k,v}_proj`` (q, k, v in that order along dim 0); DINOv2 in
+                                  transformers < 5.2x: ``attention.attention.{query,key,value}``
+``blocks.i.attn.proj``            ``attention.o_proj`` / ``self_attn.out_proj``; DINOv2 in
+                                  transformers < 5.2x: ``attention.output.dense``
 ``blocks.i.ls{1,2}.scale_factor``  ``layer_scale{1,2}.lambda1`` (DINOv2)
 ``blocks.i.norm{1,2}``, ``mlp``    ``norm{1,2}`` / ``layer_norm{1,2}``, ``mlp``
 ================================  ==========================================================
@@ -25,7 +27,7 @@ SigLIP's attention-pooling head ``attn_pool.*``. Everything else must map 1:1 on
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -77,8 +79,25 @@ class KeyPlan:
         return {target for pairs in self.rules.values() for target, _ in pairs}
 
 
-def add_tower(plan: KeyPlan, prefix: str, spec: VisionTowerConfig) -> None:
-    """Rules for one timm tower stored under ``prefix`` onto the native module at the same prefix."""
+#: DINOv2's attention projections as transformers names them: (q, k, v, output) under ``attention.``
+#: (transformers 5.2x and later), and the ``Dinov2SelfAttention`` + ``Dinov2SelfOutput`` layout of
+#: earlier 5.x releases.
+_DINO_ATTENTION = (("q_proj", "k_proj", "v_proj", "o_proj"), ("attention.query", "attention.key", "attention.value", "output.dense"))
+
+
+def dino_attention_names(module_keys: Collection[str], target: str) -> tuple[str, str, str, str]:
+    """The names under ``{target}attention.`` of DINOv2 block ``target``'s q, k, v and output
+    projections in the module whose state-dict keys are ``module_keys`` (the installed
+    transformers' layout); the newer layout when ``module_keys`` holds neither."""
+    for names in _DINO_ATTENTION:
+        if f"{target}attention.{names[0]}.weight" in module_keys:
+            return names
+    return _DINO_ATTENTION[0]
+
+
+def add_tower(plan: KeyPlan, prefix: str, spec: VisionTowerConfig, module_keys: Collection[str] = ()) -> None:
+    """Rules for one timm tower stored under ``prefix`` onto the native module at the same prefix
+    (``module_keys``: the module's state-dict keys, to follow the installed transformers' names)."""
     dino = spec.family == "dinov2"
     last = spec.num_layers - 1
     if dino:
@@ -106,14 +125,15 @@ def add_tower(plan: KeyPlan, prefix: str, spec: VisionTowerConfig) -> None:
             continue
         if dino:
             target = f"{prefix}encoder.layer.{i}."
-            names = {"norm1": "norm1", "norm2": "norm2", "attn": "attention.", "proj": "attention.o_proj",
-                     "mlp": "mlp"}
+            q, k, v, out = dino_attention_names(module_keys, target)
+            names = {"norm1": "norm1", "norm2": "norm2", "q": f"attention.{q}", "k": f"attention.{k}",
+                     "v": f"attention.{v}", "proj": f"attention.{out}", "mlp": "mlp"}
             plan.map(source + "ls1.scale_factor", target + "layer_scale1.lambda1")
             plan.map(source + "ls2.scale_factor", target + "layer_scale2.lambda1")
         else:
             target = f"{prefix}encoder.layers.{i}."
-            names = {"norm1": "layer_norm1", "norm2": "layer_norm2", "attn": "self_attn.", "proj": "self_attn.out_proj",
-                     "mlp": "mlp"}
+            names = {"norm1": "layer_norm1", "norm2": "layer_norm2", "q": "self_attn.q_proj", "k": "self_attn.k_proj",
+                     "v": "self_attn.v_proj", "proj": "self_attn.out_proj", "mlp": "mlp"}
         for param in ("weight", "bias"):
             plan.map(f"{source}norm1.{param}", f"{target}{names['norm1']}.{param}")
             plan.map(f"{source}norm2.{param}", f"{target}{names['norm2']}.{param}")
@@ -121,19 +141,21 @@ def add_tower(plan: KeyPlan, prefix: str, spec: VisionTowerConfig) -> None:
             plan.map(f"{source}mlp.fc1.{param}", f"{target}mlp.fc1.{param}")
             plan.map(f"{source}mlp.fc2.{param}", f"{target}mlp.fc2.{param}")
             for index, letter in enumerate("qkv"):
-                plan.map(f"{source}attn.qkv.{param}", f"{target}{names['attn']}{letter}_proj.{param}", _chunk(index))
+                plan.map(f"{source}attn.qkv.{param}", f"{target}{names[letter]}.{param}", _chunk(index))
 
 
-def model_plan(towers: tuple[VisionTowerConfig, ...], projector_keys: list[str], llm_keys: list[str], llm_layers: int) -> KeyPlan:
+def model_plan(towers: tuple[VisionTowerConfig, ...], projector_keys: list[str], llm_keys: list[str], llm_layers: int,
+               vision_keys: Collection[str] = ()) -> KeyPlan:
     """The plan of a whole OpenVLA checkpoint (``model*.safetensors``).
 
     projector_keys / llm_keys: the module's own state-dict names under ``projector.`` and
-    ``language_model.`` (the checkpoint uses the same names).
+    ``language_model.`` (the checkpoint uses the same names); vision_keys: its names under
+    ``vision_backbone.`` (full keys), which say how the installed transformers names the towers.
     """
     plan = KeyPlan()
-    add_tower(plan, "vision_backbone.featurizer.", towers[0])
+    add_tower(plan, "vision_backbone.featurizer.", towers[0], vision_keys)
     if len(towers) == 2:
-        add_tower(plan, "vision_backbone.fused_featurizer.", towers[1])
+        add_tower(plan, "vision_backbone.fused_featurizer.", towers[1], vision_keys)
     plan.identity("projector.", projector_keys)
     plan.identity("language_model.", llm_keys)
     for i in range(llm_layers):  # only written by transformers versions that kept it persistent

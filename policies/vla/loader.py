@@ -174,7 +174,8 @@ def plan_for(model: OpenVLA) -> KeyPlan:
     base = ("proprio_projector.", "action_head.")
     projector = list(model.projector.state_dict())
     llm = list(model.llm.state_dict())
-    plan = model_plan(model.config.towers, projector, llm, int(model.llm.config.num_hidden_layers))
+    vision = {f"vision_backbone.{k}" for k in model.vision_backbone.state_dict()}
+    plan = model_plan(model.config.towers, projector, llm, int(model.llm.config.num_hidden_layers), vision)
     expected = {k for k in model.state_dict() if not k.startswith(base)}
     covered = plan.targets()
     if covered != expected:  # the plan and the module disagree: a bug here, not in the checkpoint

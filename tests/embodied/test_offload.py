@@ -50,6 +50,22 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.detach().cpu().reshape(-1).contiguous().view(torch.uint8)
 
 
+def live_cuda_tensors() -> str:
+    """What still holds device memory: the live CUDA tensors the garbage collector can see, and
+    where the allocator's active blocks were allocated (recorded since the test began)."""
+    import gc
+
+    found = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.is_cuda]
+    lines = [f"{len(found)} live CUDA tensors: " + ", ".join(f"{type(t).__name__}{tuple(t.shape)} {t.dtype}" for t in found[:20])]
+    for segment in torch.cuda.memory._snapshot()["segments"]:
+        for block in segment["blocks"]:
+            if block["state"] == "active_allocated":
+                frames = [f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']} {f['name']}" for f in block.get("frames", [])
+                          if "site-packages" not in f["filename"] and "/python3" not in f["filename"]]
+                lines.append(f"{block['size']} bytes from {' <- '.join(frames[:4]) or '?'}")
+    return "\n".join(lines[:40])
+
+
 def trained() -> tuple[nn.Module, torch.optim.Optimizer]:
     """Two optimizer steps and a pending backward: weights, grads, buffers and Adam state all exist."""
     model, optimizer = build()
@@ -184,8 +200,7 @@ def test_tensors_sharing_storage_are_refused() -> None:
 
 @pytest.mark.gpu
 def test_cuda_offload_frees_device_memory() -> None:
-    torch.cuda.empty_cache()
-    baseline = torch.cuda.memory_allocated()
+    torch.cuda.memory._record_memory_history(max_entries=10000)  # for live_cuda_tensors() on a failure
     model, optimizer = build("cuda", width=2048, depth=1)  # 16 MiB of weights, 64 MiB with grads and Adam
     for step in range(2):
         backward(model, optimizer, step, "cuda")
@@ -195,13 +210,17 @@ def test_cuda_offload_frees_device_memory() -> None:
     values = {cat: [t.detach().clone().cpu() for t in ts] for cat, ts in tensors.items()}
     devices = {cat: [t.device for t in ts] for cat, ts in tensors.items()}  # Adam's step counts stay on CPU
     on_device = sum(t.nbytes for ts in tensors.values() for t in ts if t.is_cuda)
+    # What stays on the device whatever the offloader does: cuBLAS's workspaces (allocated by the
+    # first matmul, 2 x 32 MiB + 1 MiB on an H200 with torch 2.11) and anything else not ours.
+    others = torch.cuda.memory_allocated() - on_device
     offloader = Offloader(model, optimizer)
 
     stats = offloader.offload()
     assert stats.what == nbytes(tensors)
     assert on_device >= 60 * 1024**2
-    assert stats.device_bytes_before >= baseline + on_device
-    assert stats.device_bytes_after <= baseline + 1024**2  # near zero: only the allocator's slack
+    assert stats.device_bytes_before >= others + on_device
+    # every byte of the component left: what remains is what was not ours, within the allocator's rounding
+    assert stats.device_bytes_after <= others + 1024**2, live_cuda_tensors()
     assert torch.cuda.memory_allocated() == stats.device_bytes_after
     assert all(t.is_pinned() for ts in managed(model, optimizer).values() for t in ts)
 

@@ -1,5 +1,5 @@
-"""The CUDA paths of scale-out (skipped without a GPU): an FSDP2-wrapped trainer rank on NCCL
-takes the step a CPU rank takes; bf16 weights go from a trainer on the GPU to a rollout on the
+"""The CUDA paths of scale-out (skipped without a GPU): a DDP or FSDP2-wrapped trainer rank on
+NCCL takes the step a CPU rank takes (FSDP2: a known bug, marked); bf16 weights go from a trainer on the GPU to a rollout on the
 GPU bit for bit; a rank placed by a GPU layout sees exactly its GPU; a >= 1B-parameter model
 offloads and onloads."""
 
@@ -28,22 +28,31 @@ def gpu_cluster():
         yield cluster
 
 
-def test_an_fsdp2_rank_on_cuda_takes_the_step_of_a_cpu_rank(gpu_cluster):
-    cfg = config("workers.trainer_strategy=fsdp", "workers.trainer_device=cuda")
+FSDP_ON_CUDA = pytest.mark.xfail(strict=True, reason=(
+    "known bug, seen on an H200 with torch 2.11 (2026-11-27): the FSDP2 rank on NCCL reports grad_norm 0.0 "
+    "(the CPU rank: 0.87) and its weights differ by up to 3e-3; a bare fully_shard model on the same "
+    "machine clips its norm right (docs/benchmarks.md, \"On a GPU: one H200\")"))
+
+
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=FSDP_ON_CUDA)])
+def test_a_rank_on_cuda_takes_the_step_of_a_cpu_rank(gpu_cluster, strategy):
+    """A trainer rank on NCCL (DDP, or FSDP2's ``fully_shard``) updates as the CPU rank does."""
+    cfg = config(f"workers.trainer_strategy={strategy}", "workers.trainer_device=cuda")
     batches = [random_batch(seed=1), random_batch(seed=2)]
     reference = one_rank(config(), batches)  # one rank on the CPU
-    group = WorkerGroup(gpu_cluster, TrainerWorker, 1, cfg, OBS, ACT, name="fsdp-cuda",
+    group = WorkerGroup(gpu_cluster, TrainerWorker, 1, cfg, OBS, ACT, name=f"{strategy}-cuda",
                         resources=RankResources(0.5, num_gpus=1.0))
     try:
         host, port = group.call("rendezvous", ranks=[0]).result()
-        assert group.call("join", host, port).result() == "fsdp x1"  # NCCL, one rank
-        for b in batches:
-            group.call("update", b, cfg.algo.lr).result()
+        assert group.call("join", host, port).result() == f"{strategy} x1"  # NCCL, one rank
+        stats = [group.call("update", b, cfg.algo.lr).result() for b in batches]
         weights = state_of(group.call("export_weights").result())
     finally:
         group.shutdown()
+    for key in ("losses/grad_norm", "losses/policy", "losses/value"):
+        assert stats[-1][key] == pytest.approx(reference["stats"][-1][key], rel=1e-3, abs=1e-6), key
     for name, want in reference["weights"].items():
-        torch.testing.assert_close(weights[name], want, rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(weights[name], want, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
 
 
 class _Visible(Worker):

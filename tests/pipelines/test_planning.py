@@ -8,7 +8,7 @@ import os
 import pytest
 
 from embodied.config import apply_overrides
-from embodied.errors import ConfigError
+from embodied.errors import ConfigError, UserError
 from embodied.runtime import Cluster, ClusterConfig
 from pipelines.config import EmbodiedConfig
 from pipelines.embodied import EmbodiedWorkflow
@@ -16,6 +16,7 @@ from embodied.profiler import Probe
 from pipelines.planning import (
     MIN_THREAD_SCALING,
     fit_threads,
+    machine_of,
     measured_factors,
     prefer_simple,
     profile_embodied,
@@ -329,3 +330,11 @@ def test_the_rollout_probe_records_an_iterations_decisions():
     assert rollout_probe_decisions(_cfg("algo.rollout_steps=16")) == 16
     assert rollout_probe_decisions(_cfg("algo.rollout_steps=3")) == 3
     assert rollout_probe_decisions(_cfg("algo.rollout_steps=500")) == ROLLOUT_PROBE_DECISIONS
+
+
+def test_a_cuda_worker_on_a_cluster_without_gpus_is_a_user_error():
+    cfg = _cfg("workers.trainer_device=cuda", "cluster.backend=local")
+    with Cluster(ClusterConfig(backend="local", num_gpus=0)) as cluster:
+        with pytest.raises(UserError, match="workers.trainer_device=cuda, but the cluster has no GPU"):
+            machine_of(cfg, cluster)
+        assert len(machine_of(_cfg("cluster.backend=local"), cluster).resources) >= 1  # CPU workers plan as before

@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from embodied.errors import UserError  # noqa: E402
+from policies.vla.keymap import dino_attention_names  # noqa: E402
 from policies.vla.loader import load_openvla  # noqa: E402
 from policies.vla.processor import ImageProcessor, PromptTokenizer  # noqa: E402
 from policies.vla.tiny import write_tiny_checkpoint  # noqa: E402
@@ -128,12 +129,26 @@ def test_every_checkpoint_key_is_loaded_or_dropped_by_name(fused_checkpoint: Pat
     t = checkpoint_tensors(fused_checkpoint)
     dino = loaded.model.vision_backbone.featurizer
     qkv = t["vision_backbone.featurizer.blocks.1.attn.qkv.weight"]
-    torch.testing.assert_close(dino.encoder.layer[1].attention.k_proj.weight, qkv[64:128], rtol=0, atol=0)
+    state = loaded.model.state_dict()
+    block = "vision_backbone.featurizer.encoder.layer.1."
+    _, k_proj, _, _ = dino_attention_names(state, block)  # k_proj, or attention.key before transformers 5.2x
+    torch.testing.assert_close(state[f"{block}attention.{k_proj}.weight"], qkv[64:128], rtol=0, atol=0)
     positions = dino.embeddings.position_embeddings
     assert positions.shape == (1, 17, 64) and positions[0, 0].abs().max() == 0
     torch.testing.assert_close(dino.embeddings.position_embeddings[:, 1:], t["vision_backbone.featurizer.pos_embed"])
     torch.testing.assert_close(dino.encoder.layer[0].layer_scale2.lambda1, t["vision_backbone.featurizer.blocks.0.ls2.scale_factor"])
     assert len(dino.encoder.layer) == 2 and len(loaded.model.vision_backbone.fused_featurizer.encoder.layers) == 2
+
+
+def test_dino_attention_names_follow_the_installed_transformers_layout() -> None:
+    block = "vision_backbone.featurizer.encoder.layer.0."
+    newer = {f"{block}attention.{n}.weight" for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
+    older = {f"{block}attention.attention.{n}.weight" for n in ("query", "key", "value")} | {f"{block}attention.output.dense.weight"}
+    assert dino_attention_names(newer, block) == ("q_proj", "k_proj", "v_proj", "o_proj")
+    assert dino_attention_names(older, block) == ("attention.query", "attention.key", "attention.value", "output.dense")
+    for names in (dino_attention_names(newer, block), dino_attention_names(older, block)):
+        keys = newer if names[0] == "q_proj" else older
+        assert {f"{block}attention.{n}.weight" for n in names} == keys  # every projection named, none invented
 
 
 def test_dtype_comes_from_the_config_unless_asked(tmp_path: Path) -> None:

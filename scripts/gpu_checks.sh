@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The checks that need a CUDA GPU, in one go (a GPU machine is lent only now and then):
+#   1. benchmarks.vla_real_size: openvla-7b shapes in bf16 -- decoding, a LoRA step, weight sync,
+#      offload/onload of the weights, LoRA gradients and AdamW state;
+#   2. the tests marked `gpu` (FSDP2 on NCCL, bf16 weights GPU -> GPU bit for bit, a GPU layout's
+#      ranks, a 1B-parameter offload, the VLA policies in bf16 on CUDA, batched envs on CUDA,
+#      ManiSkill's GPU simulation where ManiSkill is installed);
+#   3. a short planned training run with the rollout and trainer on the GPU (the planner
+#      profiles the components on this machine's cores and GPU and picks the plan).
+#
+#     bash scripts/gpu_checks.sh OUT_DIR     # results and logs land in OUT_DIR
+#
+# STEPS="vla tests run" (the default) picks the steps. Each step has its own time limit and a failing step does not stop the next ones; the script
+# exits non-zero when any step failed.
+set -u -o pipefail
+out=${1:?usage: scripts/gpu_checks.sh OUT_DIR}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+status=0
+steps=" ${STEPS:-vla tests run} "
+step() {  # step NAME SECONDS LOG COMMAND...: runs COMMAND for at most SECONDS, its output also in LOG
+    local name=$1 limit=$2 log=$3
+    shift 3
+    echo "=== $name (limit ${limit}s) $(date +%T)"
+    local t0=$SECONDS
+    timeout --signal=INT --kill-after=15 "$limit" "$@" 2>&1 | tee "$log"
+    local rc=${PIPESTATUS[0]}
+    echo "=== $name: exit $rc after $((SECONDS - t0)) s"
+    [ "$rc" -eq 0 ] || status=1
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/nvidia_smi.txt"
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)" \
+    | tee -a "$out/nvidia_smi.txt"
+
+# VLA_ARGS=--tiny runs the same code on a tiny model (a check of this script on a machine without a GPU)
+[[ $steps == *" vla "* ]] && step vla_real_size "${VLA_LIMIT:-200}" "$out/vla_real_size.log" \
+    python3 -m benchmarks.vla_real_size ${VLA_ARGS:-} --out "$out/vla_real_size.json"
+
+[[ $steps == *" tests "* ]] && step gpu_tests "${TEST_LIMIT:-170}" "$out/pytest_gpu.log" python3 -m pytest -p no:cacheprovider -m gpu -rs -q --durations=10 \
+    tests/embodied/test_offload.py tests/policies/vla/test_policy.py tests/envs/test_batched.py \
+    tests/envs/test_maniskill.py tests/pipelines/test_gpu_scaleout.py
+
+smoke=$(mktemp -d)
+[[ $steps == *" run "* ]] && step planned_run_on_cuda "${RUN_LIMIT:-150}" "$out/planned_run.log" env EMBODIED_CACHE="$smoke/cache" python3 -m pipelines.cli train \
+    colorreach_openvla_ppo_tiny warmstart.expert=null workers.rollout_device=cuda workers.trainer_device=cuda \
+    algo.total_env_steps=4096 eval.episodes=16 plan.profile=true logging.wandb=false logging.progress=lines \
+    run.dir="$smoke/run"
+for f in plan.json summary.json; do
+    [ -f "$smoke/run/$f" ] && cp "$smoke/run/$f" "$out/planned_run_$f"
+done
+exit $status
