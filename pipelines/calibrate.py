@@ -6,7 +6,8 @@ processes with its neighbours, and the runtime spends seconds of its own in ever
 both on the run itself. The run's first iterations (real training iterations, logged as usual)
 run under the planner's candidates, the fastest predicted first; after the run's first iteration
 (a warm-up: resets, first calls), each candidate runs about :data:`MEASURE_S` seconds of
-iterations (:func:`measured_enough`); a candidate is measured only while the budget holds
+iterations, and more while they spread (:func:`measured_enough`: until their median is known to
+:data:`TARGET_RSE`); a candidate is measured only while the budget holds
 :func:`iterations_for` its corrected price. Each measured plan gives
 
 * its **factors**: measured / profiled seconds per call of every component under that plan (the
@@ -40,6 +41,9 @@ from scheduler import Plan, PlanResult, Profile, predict
 
 #: a measured plan gets at least this many seconds of iterations (short iterations are noisy) ...
 MEASURE_S = 0.5
+#: ... and more while the median of its iterations is known to worse than this (relative standard
+#: error): on a host whose speed drifts, two iterations can sit 30% apart ...
+TARGET_RSE = 0.03
 #: ... within these many iterations
 MIN_ITERATIONS, MAX_ITERATIONS = 2, 10
 #: a candidate is measured while its corrected prediction is below (1 + MARGIN) x the best measured
@@ -55,12 +59,27 @@ def iterations_for(seconds: float) -> int:
     return max(MIN_ITERATIONS, min(MAX_ITERATIONS, math.ceil(MEASURE_S / seconds)))
 
 
+def relative_standard_error(times: list[float]) -> float:
+    """How well ``times`` pin their median down: its standard error (from the median absolute
+    deviation, so that one outlier among steady iterations does not keep it high; 1.2533 x the
+    normal sigma over sqrt(n)) over the median; inf for fewer than two."""
+    if len(times) < 2:
+        return math.inf
+    middle = statistics.median(times)
+    if not middle > 0:
+        return math.inf
+    sigma = 1.4826 * statistics.median(abs(t - middle) for t in times)
+    return 1.2533 * sigma / math.sqrt(len(times)) / middle
+
+
 def measured_enough(times: list[float], budget_left: int) -> bool:
     """Whether iterations that took ``times`` seconds complete a measurement: about
-    :data:`MEASURE_S` seconds of them (within :data:`MIN_ITERATIONS` and :data:`MAX_ITERATIONS`),
-    or fewer when calibration's budget has run out."""
+    :data:`MEASURE_S` seconds of them whose median is known to :data:`TARGET_RSE` (within
+    :data:`MIN_ITERATIONS` and :data:`MAX_ITERATIONS`), or fewer when calibration's budget has run out."""
     n = len(times)
-    return n >= MAX_ITERATIONS or (n >= MIN_ITERATIONS and (sum(times) >= MEASURE_S or budget_left <= 0))
+    if n >= MAX_ITERATIONS or (n >= MIN_ITERATIONS and budget_left <= 0):
+        return True
+    return n >= MIN_ITERATIONS and sum(times) >= MEASURE_S and relative_standard_error(times) <= TARGET_RSE
 
 
 def _neighbours(plan: Plan, component: str) -> frozenset[str]:

@@ -11,7 +11,7 @@ import pytest
 
 from embodied.config import apply_overrides
 from embodied.errors import ConfigError
-from pipelines.calibrate import MARGIN, Calibrator, iterations_for
+from pipelines.calibrate import MARGIN, MAX_ITERATIONS, TARGET_RSE, Calibrator, iterations_for, measured_enough, relative_standard_error
 from pipelines.config import EmbodiedConfig
 from pipelines.embodied import EmbodiedWorkflow
 from pipelines.replan import rescale
@@ -231,3 +231,45 @@ def test_episodic_iterations_that_grow_are_measured_as_full_ones():
     short = {"rollout/decisions": 4.0, "charts/samples": 32}
     assert 0 < workflow.shape_scale(settled.plan, profile, short) < 0.5
     assert workflow.shape_scale(settled.plan, profile, {"rollout/decisions": 16.0, "charts/samples": 128}) == 1.0
+
+
+def test_a_measurement_goes_on_while_its_iterations_spread():
+    """Two iterations 5.7 and 8.2 s apart (the default job on a host whose speed drifts) do not
+    pin the plan's time down: calibration measures more, until their median is known to
+    TARGET_RSE, the budget runs out or MAX_ITERATIONS are measured; one outlier among steady
+    iterations does not hold it up."""
+    assert measured_enough([1.0, 1.01], budget_left=5)  # steady: two are enough
+    assert not measured_enough([5.66, 8.23], budget_left=5)
+    assert relative_standard_error([5.66, 8.23]) > TARGET_RSE
+    steadier = [5.66, 8.23, 7.0, 6.9, 7.1, 7.05, 6.95, 7.0, 7.02]
+    assert relative_standard_error(steadier) < TARGET_RSE and measured_enough(steadier, budget_left=1)
+    assert measured_enough([5.66, 8.23], budget_left=0)  # out of budget: what there is
+    assert measured_enough([1.0, 2.0] * (MAX_ITERATIONS // 2), budget_left=5)  # at most MAX_ITERATIONS
+    assert not measured_enough([0.1, 0.1], budget_left=5)  # still under MEASURE_S seconds
+
+
+class NoisyPipeline(Pipeline):
+    """Every other iteration 30% slower: a host whose speed jumps between iterations."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls = 0
+
+    def run(self, layout: Layout) -> dict:
+        metrics = super().run(layout)
+        self.calls += 1
+        if self.calls % 2:
+            metrics["time/iteration_s"] *= 1.3
+        return metrics
+
+
+def test_a_noisy_host_gets_longer_measurements_within_the_budget():
+    workflow, profile = _workflow(), _profile()
+    noisy = NoisyPipeline(workflow, profile, {}, runtime_s=0.02)
+    _, result, _, calibrator, settled, runs = _settled(noisy, share=0.5, iterations_left=100)
+    first = settled.measurements[0]
+    assert len(first.iterations) > iterations_for(first.iteration_s)  # more than MEASURE_S alone asks for
+    assert len(runs) - 1 <= calibrator.budget
+    steady = Pipeline(workflow, profile, {}, runtime_s=0.02)
+    *_, quiet, _ = _settled(steady, share=0.5, iterations_left=100)
+    assert len(quiet.measurements[0].iterations) == iterations_for(quiet.measurements[0].iteration_s)
