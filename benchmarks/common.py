@@ -66,3 +66,28 @@ def command_of(benchmark: str, argv: Sequence[str] | None) -> str:
     arguments, as ``main()`` called from the shell gets them)."""
     args = list(sys.argv[1:] if argv is None else argv)
     return " ".join(["python -m", f"benchmarks.{benchmark}", *args])
+
+
+def host_reference_s(repeats: int = 5) -> float:
+    """Seconds of a fixed one-thread workload (a chain of 192 x 192 float32 matmuls and tanh,
+    ~50-70 ms), the median of ``repeats``: the host's speed at this moment. Shared vCPUs drift by
+    20-30% within minutes (CPU steal, clocks); timed next to two measurements minutes apart, it
+    says how much of their difference is the host's."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        a = torch.randn(192, 192, generator=gen) / 14.0
+        x = torch.randn(192, 192, generator=gen)
+        samples = []
+        for _ in range(repeats):
+            y = x
+            start = time.perf_counter()
+            for _ in range(300):
+                y = torch.tanh(a @ y)
+            samples.append(time.perf_counter() - start)
+        return sorted(samples)[len(samples) // 2]
+    finally:
+        torch.set_num_threads(threads)

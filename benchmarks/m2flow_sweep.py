@@ -13,7 +13,11 @@ and corrected by calibration) and measured seconds per iteration (an episodic GR
 once its episodes are over, sooner while the policy is young: each is predicted as it ran, at the
 decisions it took and the samples it trained on), the run's choice against the
 measured best, the work-conservation bound (``scheduler.bounds``), and how much of the gap
-between sequential and the bound the choice captures.
+between sequential and the bound the choice captures. Calibration and each measurement minutes
+later may find a shared host at different speeds: a fixed one-thread workload
+(:func:`benchmarks.common.host_reference_s`) is timed around calibration and around every
+measurement, and each row reports that drift and the error the prediction would have had at
+calibration's speed, beside the error itself.
 
     python -m benchmarks.m2flow_sweep                     # every recipe: ~40 min on 2 quiet cores
     python -m benchmarks.m2flow_sweep --recipes maniskill_pushcube_ppo --iterations 5
@@ -35,7 +39,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from benchmarks.common import RESULTS, command_of, write_result
+from benchmarks.common import RESULTS, command_of, host_reference_s, write_result
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster
 from pipelines.config import EmbodiedConfig
@@ -146,7 +150,10 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
         result = plan_embodied(cfg, profile)
         workflow, resources = workflow_of(cfg), resources_of(cfg)
         sequential = sequential_plan(workflow, resources, profile)
+        before = host_reference_s()
         calibrated, calibration_iterations = calibrate(cfg, cluster)
+        # the host's speed while calibration measured: a fixed workload timed just before and after
+        calibration_reference_s = (before + host_reference_s()) / 2
         chosen_plan = calibrated.plan if calibrated is not None else result.best
         corrected = {p.key(): s for p, s in calibrated.predictions} if calibrated is not None else {}
         if calibrated is not None:
@@ -158,8 +165,12 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
         for i, p in enumerate(plans):
             predicted = corrected.get(p.key(), p.predicted_iteration_s)
             # short iterations are noisy: at least as many as calibration measures a plan for
+            before = host_reference_s()
             times, scales = measure(cfg, cluster, profile, p, args.warmup, max(args.iterations, iterations_for(predicted)))
+            reference_s = (before + host_reference_s()) / 2
             measured, scale = statistics.median(times), statistics.median(scales)
+            # > 1: the host ran the fixed workload slower now than while calibration measured
+            host_drift = reference_s / calibration_reference_s
             row = {
                 "plan": describe(p), "mode": p.mode, "chunks": p.num_chunks,
                 "placement": {c: list(d) for c, d in p.placement.items()}, "offload": list(p.offload),
@@ -172,16 +183,22 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
                 "measured_full_s": statistics.median(t / sc for t, sc in zip(times, scales)),
                 "profiled_error": error(p.predicted_iteration_s, times, scales),
                 "error": error(predicted, times, scales),
+                "host_reference_s": reference_s, "host_drift": host_drift,
+                # the error had the host run as fast as while calibration measured: the prediction
+                # scaled by the drift (a diagnostic beside the error, which stays the verdict)
+                "error_at_calibration_speed": error(predicted * host_drift, times, scales),
                 "calibrated": calibrated is not None and any(m.plan.key() == p.key() for m in calibrated.measurements),
                 "chosen": p.key() == chosen_plan.key(), "first_choice": p.key() == result.best.key(),
                 "sequential": p.key() == sequential.key(),
             }
             rows.append(row)
             print(f"  [{i + 1}/{len(plans)}] {row['plan']:<44} profiled {row['profiled_s']:7.3f} s, corrected "
-                  f"{row['predicted_s']:7.3f} s, measured {measured:7.3f} s ({100 * row['error']:+.1f}%)"
+                  f"{row['predicted_s']:7.3f} s, measured {measured:7.3f} s ({100 * row['error']:+.1f}%; host x{host_drift:.2f}"
+                  f" of calibration's: {100 * row['error_at_calibration_speed']:+.1f}% at its speed)"
                   f"{'  <- chosen' if row['chosen'] else ''}", flush=True)
     bound_s = result.bound.iteration_s if result.bound is not None else None
     summary = summarize(rows, bound_s, calibration_iterations)
+    summary["calibration_host_reference_s"] = calibration_reference_s
     chosen = next(r for r in rows if r["chosen"])
     bound = "-" if bound_s is None else f"{bound_s:.3f} s"
     print(f"  chosen {summary['chosen']}: {chosen['measured_s']:.3f} s, {100 * (summary['chosen_over_best'] - 1):.1f}% "
@@ -207,6 +224,7 @@ def summarize(rows: list[dict[str, Any]], bound_s: float | None, calibration_ite
         "chosen": chosen["plan"], "best": best["plan"],
         # as the iterations ran (the unit of the prediction error)
         "chosen_measured_s": chosen["measured_s"], "chosen_error": chosen["error"],
+        "chosen_host_drift": chosen.get("host_drift"), "chosen_error_at_calibration_speed": chosen.get("error_at_calibration_speed"),
         # per full iteration (the unit of the comparisons and the bound)
         "chosen_full_s": chosen["measured_full_s"], "best_full_s": best["measured_full_s"],
         "chosen_over_best": chosen["measured_full_s"] / best["measured_full_s"],
@@ -225,7 +243,8 @@ def summarize(rows: list[dict[str, Any]], bound_s: float | None, calibration_ite
 
 def table(results: list[dict[str, Any]]) -> str:
     """The markdown table of docs/benchmarks.md: one row per recipe."""
-    lines = ["| recipe | plan a run settles on | predicted s | measured s | error | probes' first choice (error) "
+    lines = ["| recipe | plan a run settles on | predicted s | measured s | error (host speed vs calibration's: error at "
+             "its speed) | probes' first choice (error) "
              "| full iteration s | best (plan) | choice vs best | sequential s | bound s | gap captured "
              "| calibration its |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -234,8 +253,11 @@ def table(results: list[dict[str, Any]]) -> str:
         chosen = next(c for c in r["candidates"] if c["chosen"])
         captured = "-" if s["gap_captured"] is None else f"{100 * s['gap_captured']:.0f}%"
         bound = "-" if s["bound_s"] is None else f"{s['bound_s']:.3f}"
+        err = f"{100 * s['chosen_error']:+.1f}%"
+        if s.get("chosen_host_drift") is not None:  # sweeps since the host reference was timed
+            err += f" (host x{s['chosen_host_drift']:.2f}: {100 * s['chosen_error_at_calibration_speed']:+.1f}%)"
         lines.append(f"| {r['label']} | {s['chosen']} | {chosen['predicted_s']:.3f} | {s['chosen_measured_s']:.3f} "
-                     f"| {100 * s['chosen_error']:+.1f}% | {s['first_choice']} ({100 * s['first_choice_profiled_error']:+.1f}%) "
+                     f"| {err} | {s['first_choice']} ({100 * s['first_choice_profiled_error']:+.1f}%) "
                      f"| {s['chosen_full_s']:.3f} | {s['best_full_s']:.3f} ({s['best']}) "
                      f"| {100 * (s['chosen_over_best'] - 1):+.1f}% | {s['sequential_full_s']:.3f} | {bound} "
                      f"| {captured} | {s['calibration_iterations']} |")

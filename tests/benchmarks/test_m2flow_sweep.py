@@ -54,6 +54,18 @@ def test_table_reports_choice_vs_best_and_the_gap_captured():
                                    "(hybrid 3ch) | +6.7% | 2.000 | 1.200 | 50% | 6 |")
 
 
+def test_the_host_drift_is_reported_beside_the_error():
+    """The chosen plan measured while the host ran a fixed workload 1.25x slower than during
+    calibration: the error stays the verdict, the error at calibration's speed stands beside it."""
+    chosen = _row("hybrid 2ch", 1.0, [1.25], [1.0], chosen=True, sequential=True, first_choice=True)
+    chosen.update(host_reference_s=0.125, host_drift=1.25,
+                  error_at_calibration_speed=sweep.error(1.0 * 1.25, [1.25], [1.0]))
+    summary = sweep.summarize([chosen], bound_s=None, calibration_iterations=2)
+    assert summary["chosen_error"] == pytest.approx(-0.2) and summary["chosen_error_at_calibration_speed"] == pytest.approx(0.0)
+    md = sweep.table([{"label": "toy", "candidates": [chosen], "summary": summary}])
+    assert "| -20.0% (host x1.25: +0.0%) |" in md.splitlines()[-1]
+
+
 def test_early_ended_iterations_are_compared_per_full_iteration():
     # a GRPO iteration ends with its episodes, at another point under each plan: the plan that did a
     # smaller share of its iteration (0.1 against 0.25) is not the faster one for measuring less
@@ -94,5 +106,7 @@ def test_quick_sweep_measures_every_candidate_of_a_recipe(tmp_path, monkeypatch)
     assert all(r["measured_full_s"] == pytest.approx(r["measured_s"]) for r in rows)
     assert summary["best_full_s"] == min(r["measured_full_s"] for r in rows)
     assert summary["chosen_over_best"] >= 1.0
+    # the host's speed timed beside calibration and every measurement
+    assert summary["calibration_host_reference_s"] > 0 and all(r["host_reference_s"] > 0 and r["host_drift"] > 0 for r in rows)
     saved = json.loads((tmp_path / "m2flow_sweep_quick.json").read_text())
     assert saved["table_md"].count("\n") == 2 and (tmp_path / "m2flow_sweep_quick.png").stat().st_size > 0
