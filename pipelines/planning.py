@@ -29,8 +29,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from embodied.errors import UserError
 from embodied.config import to_dict
+from embodied.errors import UserError
 from embodied.offload import Offloader
 from embodied.profiler import Probe, cache_key, hardware_fingerprint, load_cached, store_cached, time_call
 from embodied.runtime import Channel, Cluster, RankResources, Worker, WorkerGroup, WorkerTimeout, wait_all

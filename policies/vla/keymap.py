@@ -13,9 +13,9 @@ timm                              transformers
                                   SigLIP: ``embeddings.position_embedding.weight`` (N, D)
 ``patch_embed.proj``              ``embeddings.patch_embeddings.projection`` / ``embeddings.patch_embedding``
 ``blocks.i.attn.qkv`` (3D, D)     ``{q,k,v}_proj`` (q, k, v in that order along dim 0); DINOv2 in
-                                  transformers < 5.2x: ``attention.attention.{query,key,value}``
+                                  transformers 5.17 and before: ``attention.attention.{query,key,value}``
 ``blocks.i.attn.proj``            ``attention.o_proj`` / ``self_attn.out_proj``; DINOv2 in
-                                  transformers < 5.2x: ``attention.output.dense``
+                                  transformers 5.17 and before: ``attention.output.dense``
 ``blocks.i.ls{1,2}.scale_factor``  ``layer_scale{1,2}.lambda1`` (DINOv2)
 ``blocks.i.norm{1,2}``, ``mlp``    ``norm{1,2}`` / ``layer_norm{1,2}``, ``mlp``
 ================================  ==========================================================
@@ -80,8 +80,8 @@ class KeyPlan:
 
 
 #: DINOv2's attention projections as transformers names them: (q, k, v, output) under ``attention.``
-#: (transformers 5.2x and later), and the ``Dinov2SelfAttention`` + ``Dinov2SelfOutput`` layout of
-#: earlier 5.x releases.
+#: (transformers 5.24; the rename came after 5.17), and the ``Dinov2SelfAttention`` +
+#: ``Dinov2SelfOutput`` layout of 5.17 and earlier releases.
 _DINO_ATTENTION = (("q_proj", "k_proj", "v_proj", "o_proj"), ("attention.query", "attention.key", "attention.value", "output.dense"))
 
 

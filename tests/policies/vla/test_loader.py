@@ -131,7 +131,7 @@ def test_every_checkpoint_key_is_loaded_or_dropped_by_name(fused_checkpoint: Pat
     qkv = t["vision_backbone.featurizer.blocks.1.attn.qkv.weight"]
     state = loaded.model.state_dict()
     block = "vision_backbone.featurizer.encoder.layer.1."
-    _, k_proj, _, _ = dino_attention_names(state, block)  # k_proj, or attention.key before transformers 5.2x
+    _, k_proj, _, _ = dino_attention_names(state, block)  # k_proj, or attention.key in transformers 5.17
     torch.testing.assert_close(state[f"{block}attention.{k_proj}.weight"], qkv[64:128], rtol=0, atol=0)
     positions = dino.embeddings.position_embeddings
     assert positions.shape == (1, 17, 64) and positions[0, 0].abs().max() == 0
