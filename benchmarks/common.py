@@ -91,3 +91,26 @@ def host_reference_s(repeats: int = 5) -> float:
         return sorted(samples)[len(samples) // 2]
     finally:
         torch.set_num_threads(threads)
+
+
+_CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_times() -> dict[str, int] | None:
+    """This machine's CPU time so far, all cores, in clock ticks by kind (``/proc/stat``; None
+    where there is none). ``steal`` is the time a VM's vCPUs were ready but the hypervisor ran
+    something else."""
+    try:
+        with open("/proc/stat") as f:
+            values = f.readline().split()[1:1 + len(_CPU_FIELDS)]
+    except OSError:
+        return None
+    return dict(zip(_CPU_FIELDS, map(int, values)))
+
+
+def steal_share(before: dict[str, int] | None, after: dict[str, int] | None) -> float | None:
+    """The share of the CPU time between two :func:`cpu_times` that the hypervisor stole."""
+    if before is None or after is None:
+        return None
+    total = sum(after[k] - before[k] for k in after)
+    return (after["steal"] - before["steal"]) / total if total > 0 else None

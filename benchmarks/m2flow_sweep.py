@@ -17,7 +17,9 @@ between sequential and the bound the choice captures. Calibration and each measu
 later may find a shared host at different speeds: a fixed one-thread workload
 (:func:`benchmarks.common.host_reference_s`) is timed around calibration and around every
 measurement, and each row reports that drift and the error the prediction would have had at
-calibration's speed, beside the error itself.
+calibration's speed, beside the error itself, and the share of CPU time the hypervisor stole
+while it was measured (``/proc/stat``'s steal; a VM's vCPUs can lose time a one-thread workload
+timed between the runs does not see).
 
     python -m benchmarks.m2flow_sweep                     # every recipe: ~40 min on 2 quiet cores
     python -m benchmarks.m2flow_sweep --recipes maniskill_pushcube_ppo --iterations 5
@@ -39,7 +41,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from benchmarks.common import RESULTS, command_of, host_reference_s, write_result
+from benchmarks.common import RESULTS, command_of, cpu_times, host_reference_s, steal_share, write_result
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster
 from pipelines.config import EmbodiedConfig
@@ -150,8 +152,9 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
         result = plan_embodied(cfg, profile)
         workflow, resources = workflow_of(cfg), resources_of(cfg)
         sequential = sequential_plan(workflow, resources, profile)
-        before = host_reference_s()
+        before, ticks = host_reference_s(), cpu_times()
         calibrated, calibration_iterations = calibrate(cfg, cluster)
+        calibration_steal = steal_share(ticks, cpu_times())
         # the host's speed while calibration measured: a fixed workload timed just before and after
         calibration_reference_s = (before + host_reference_s()) / 2
         chosen_plan = calibrated.plan if calibrated is not None else result.best
@@ -165,8 +168,9 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
         for i, p in enumerate(plans):
             predicted = corrected.get(p.key(), p.predicted_iteration_s)
             # short iterations are noisy: at least as many as calibration measures a plan for
-            before = host_reference_s()
+            before, ticks = host_reference_s(), cpu_times()
             times, scales = measure(cfg, cluster, profile, p, args.warmup, max(args.iterations, iterations_for(predicted)))
+            steal = steal_share(ticks, cpu_times())
             reference_s = (before + host_reference_s()) / 2
             measured, scale = statistics.median(times), statistics.median(scales)
             # > 1: the host ran the fixed workload slower now than while calibration measured
@@ -184,6 +188,8 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
                 "profiled_error": error(p.predicted_iteration_s, times, scales),
                 "error": error(predicted, times, scales),
                 "host_reference_s": reference_s, "host_drift": host_drift,
+                # the share of the CPU time the hypervisor took while this plan was measured (VMs)
+                "host_steal": steal,
                 # the error had the host run as fast as while calibration measured: the prediction
                 # scaled by the drift (a diagnostic beside the error, which stays the verdict)
                 "error_at_calibration_speed": error(predicted * host_drift, times, scales),
@@ -194,11 +200,13 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
             rows.append(row)
             print(f"  [{i + 1}/{len(plans)}] {row['plan']:<44} profiled {row['profiled_s']:7.3f} s, corrected "
                   f"{row['predicted_s']:7.3f} s, measured {measured:7.3f} s ({100 * row['error']:+.1f}%; host x{host_drift:.2f}"
-                  f" of calibration's: {100 * row['error_at_calibration_speed']:+.1f}% at its speed)"
+                  f" of calibration's: {100 * row['error_at_calibration_speed']:+.1f}% at its speed"
+                  f"{'' if steal is None else f'; steal {100 * steal:.0f}%'})"
                   f"{'  <- chosen' if row['chosen'] else ''}", flush=True)
     bound_s = result.bound.iteration_s if result.bound is not None else None
     summary = summarize(rows, bound_s, calibration_iterations)
     summary["calibration_host_reference_s"] = calibration_reference_s
+    summary["calibration_host_steal"] = calibration_steal
     chosen = next(r for r in rows if r["chosen"])
     bound = "-" if bound_s is None else f"{bound_s:.3f} s"
     print(f"  chosen {summary['chosen']}: {chosen['measured_s']:.3f} s, {100 * (summary['chosen_over_best'] - 1):.1f}% "

@@ -108,5 +108,6 @@ def test_quick_sweep_measures_every_candidate_of_a_recipe(tmp_path, monkeypatch)
     assert summary["chosen_over_best"] >= 1.0
     # the host's speed timed beside calibration and every measurement
     assert summary["calibration_host_reference_s"] > 0 and all(r["host_reference_s"] > 0 and r["host_drift"] > 0 for r in rows)
+    assert all(r["host_steal"] is None or 0 <= r["host_steal"] <= 1 for r in rows)
     saved = json.loads((tmp_path / "m2flow_sweep_quick.json").read_text())
     assert saved["table_md"].count("\n") == 2 and (tmp_path / "m2flow_sweep_quick.png").stat().st_size > 0
