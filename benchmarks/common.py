@@ -70,9 +70,9 @@ def command_of(benchmark: str, argv: Sequence[str] | None) -> str:
 
 def host_reference_s(repeats: int = 5) -> float:
     """Seconds of a fixed one-thread workload (a chain of 192 x 192 float32 matmuls and tanh,
-    ~50-70 ms), the median of ``repeats``: the host's speed at this moment. Shared vCPUs drift by
-    20-30% within minutes (CPU steal, clocks); timed next to two measurements minutes apart, it
-    says how much of their difference is the host's."""
+    ~50-70 ms), the median of ``repeats``: the host's one-core speed at this moment. Shared vCPUs
+    drift by 20-30% within minutes (clocks, steal, neighbours); timed next to two measurements
+    minutes apart, it says how much of their difference that speed explains."""
     import torch
 
     threads = torch.get_num_threads()

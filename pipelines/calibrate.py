@@ -41,7 +41,7 @@ from scheduler import Plan, PlanResult, Profile, predict
 
 #: a measured plan gets at least this many seconds of iterations (short iterations are noisy) ...
 MEASURE_S = 0.5
-#: ... and more while the median of its iterations is known to worse than this (relative standard
+#: ... and more while the median of its iterations is not yet known to this (relative standard
 #: error): on a host whose speed drifts, two iterations can sit 30% apart ...
 TARGET_RSE = 0.03
 #: ... within these many iterations
