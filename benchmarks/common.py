@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -88,7 +90,7 @@ def host_reference_s(repeats: int = 5) -> float:
             for _ in range(300):
                 y = torch.tanh(a @ y)
             samples.append(time.perf_counter() - start)
-        return sorted(samples)[len(samples) // 2]
+        return statistics.median(samples)
     finally:
         torch.set_num_threads(threads)
 
@@ -114,3 +116,23 @@ def steal_share(before: dict[str, int] | None, after: dict[str, int] | None) -> 
         return None
     total = sum(after[k] - before[k] for k in after)
     return (after["steal"] - before["steal"]) / total if total > 0 else None
+
+
+def synchronize(device: Any) -> None:
+    """Wait for ``device``'s queued work (CUDA); a no-op on the CPU. Call before reading a clock."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextmanager
+def host_window() -> Iterator[dict[str, float | None]]:
+    """Around a measurement: ``reference_s``, the mean of :func:`host_reference_s` just before and
+    just after it (the host's speed meanwhile), and ``steal``, the :func:`steal_share` during it;
+    both filled in when the block ends."""
+    host: dict[str, float | None] = {}
+    before, ticks = host_reference_s(), cpu_times()
+    yield host
+    host["steal"] = steal_share(ticks, cpu_times())
+    host["reference_s"] = (before + host_reference_s()) / 2

@@ -41,7 +41,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from benchmarks.common import RESULTS, command_of, cpu_times, host_reference_s, steal_share, write_result
+from benchmarks.common import RESULTS, command_of, host_window, write_result
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster
 from pipelines.config import EmbodiedConfig
@@ -152,11 +152,8 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
         result = plan_embodied(cfg, profile)
         workflow, resources = workflow_of(cfg), resources_of(cfg)
         sequential = sequential_plan(workflow, resources, profile)
-        before, ticks = host_reference_s(), cpu_times()
-        calibrated, calibration_iterations = calibrate(cfg, cluster)
-        calibration_steal = steal_share(ticks, cpu_times())
-        # the host's speed while calibration measured: a fixed workload timed just before and after
-        calibration_reference_s = (before + host_reference_s()) / 2
+        with host_window() as calibration_host:  # the host's speed while calibration measured
+            calibrated, calibration_iterations = calibrate(cfg, cluster)
         chosen_plan = calibrated.plan if calibrated is not None else result.best
         corrected = {p.key(): s for p, s in calibrated.predictions} if calibrated is not None else {}
         if calibrated is not None:
@@ -168,13 +165,12 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
         for i, p in enumerate(plans):
             predicted = corrected.get(p.key(), p.predicted_iteration_s)
             # short iterations are noisy: at least as many as calibration measures a plan for
-            before, ticks = host_reference_s(), cpu_times()
-            times, scales = measure(cfg, cluster, profile, p, args.warmup, max(args.iterations, iterations_for(predicted)))
-            steal = steal_share(ticks, cpu_times())
-            reference_s = (before + host_reference_s()) / 2
+            with host_window() as host:
+                times, scales = measure(cfg, cluster, profile, p, args.warmup, max(args.iterations, iterations_for(predicted)))
             measured, scale = statistics.median(times), statistics.median(scales)
             # > 1: the host ran the fixed workload slower now than while calibration measured
-            host_drift = reference_s / calibration_reference_s
+            host_drift = host["reference_s"] / calibration_host["reference_s"]
+            steal = host["steal"]
             row = {
                 "plan": describe(p), "mode": p.mode, "chunks": p.num_chunks,
                 "placement": {c: list(d) for c, d in p.placement.items()}, "offload": list(p.offload),
@@ -187,7 +183,7 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
                 "measured_full_s": statistics.median(t / sc for t, sc in zip(times, scales)),
                 "profiled_error": error(p.predicted_iteration_s, times, scales),
                 "error": error(predicted, times, scales),
-                "host_reference_s": reference_s, "host_drift": host_drift,
+                "host_reference_s": host["reference_s"], "host_drift": host_drift,
                 # the share of the CPU time the hypervisor took while this plan was measured (VMs)
                 "host_steal": steal,
                 # the error had the host run as fast as while calibration measured: the prediction
@@ -205,8 +201,8 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
                   f"{'  <- chosen' if row['chosen'] else ''}", flush=True)
     bound_s = result.bound.iteration_s if result.bound is not None else None
     summary = summarize(rows, bound_s, calibration_iterations)
-    summary["calibration_host_reference_s"] = calibration_reference_s
-    summary["calibration_host_steal"] = calibration_steal
+    summary["calibration_host_reference_s"] = calibration_host["reference_s"]
+    summary["calibration_host_steal"] = calibration_host["steal"]
     chosen = next(r for r in rows if r["chosen"])
     bound = "-" if bound_s is None else f"{bound_s:.3f} s"
     print(f"  chosen {summary['chosen']}: {chosen['measured_s']:.3f} s, {100 * (summary['chosen_over_best'] - 1):.1f}% "

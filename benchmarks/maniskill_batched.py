@@ -36,29 +36,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS, machine_info
+from benchmarks.common import RESULTS, machine_info, synchronize
 from envs.config import EnvConfig
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)  # ManiSkill's numpy deprecations
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize(device)
 
 
 def measure(step: Callable[[], int], device: str, window_s: float, warmup: int = 3) -> float:
     """Env steps per second of ``step`` (which returns the env steps it did) over ``window_s``."""
     for _ in range(warmup):
         step()
-    _sync(device)
+    synchronize(device)
     steps, start = 0, time.perf_counter()
     while True:
         steps += step()
         if time.perf_counter() - start >= window_s:
-            _sync(device)
+            synchronize(device)
             return steps / (time.perf_counter() - start)
 
 

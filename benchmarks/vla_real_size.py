@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common import RESULTS, command_of, machine_info
+from benchmarks.common import RESULTS, command_of, machine_info, synchronize
 from embodied.offload import Offloader
 from embodied.runtime.weights import WeightSyncer
 from policies.vla.config import VLAConfig
@@ -61,21 +61,16 @@ PROMPT_TOKENS = 22  # "In: What action should the robot take to pick up the red 
 GIB = 2**30
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed(fn: Callable[[], Any], device: torch.device, repeats: int, warmup: int = 1) -> tuple[float, list[float]]:
     """Median and all samples of ``fn``'s wall time (the device synchronized around each call)."""
     for _ in range(warmup):
         fn()
     samples = []
     for _ in range(repeats):
-        sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         fn()
-        sync(device)
+        synchronize(device)
         samples.append(time.perf_counter() - t0)
     return statistics.median(samples), samples
 
@@ -183,7 +178,7 @@ def weight_sync(model: OpenVLAOFT, device: torch.device) -> dict[str, Any]:
     then load: the load must restore them bit for bit."""
     out = {}
     for name, syncer in (("lora_adapters", WeightSyncer(trainable_only=True)), ("all_weights", WeightSyncer(trainable_only=False))):
-        sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         payload = syncer.export(model, version=1)
         export_s = time.perf_counter() - t0
@@ -195,10 +190,10 @@ def weight_sync(model: OpenVLAOFT, device: torch.device) -> dict[str, Any]:
         with torch.no_grad():
             for k in stale:
                 tensors[k].add_(1.0)
-        sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         syncer.load(model, payload)
-        sync(device)
+        synchronize(device)
         load_s = time.perf_counter() - t0
         exact = all(torch.equal(tensors[k].detach(), v) for k, v in reference.items())
         out[name] = {"tensors": len(payload.slots), "bytes": payload.nbytes, "dtypes": sorted(payload.dtypes),
@@ -212,14 +207,14 @@ def weight_sync(model: OpenVLAOFT, device: torch.device) -> dict[str, Any]:
 
 
 def context_switch(model: OpenVLAOFT, optimizer: torch.optim.Optimizer, device: torch.device, cycles: int) -> list[dict[str, Any]]:
-    probe_name, probe = next(iter(model.named_parameters()))
+    probe = next(iter(model.parameters()))  # the offloader swaps its .data: the object stays the model's
     reference = probe.detach()[:4, :4].clone() if probe.dim() >= 2 else probe.detach()[:4].clone()
     offloader = Offloader(model, optimizer)
     rows = []
     for cycle in range(cycles):
         off = offloader.offload()
         on = offloader.onload()
-        now = dict(model.named_parameters())[probe_name].detach()
+        now = probe.detach()
         intact = torch.equal(now[:4, :4] if now.dim() >= 2 else now[:4], reference)
         rows.append({
             "cycle": cycle, "bytes_moved": off.bytes_moved, "what": off.what,
@@ -254,7 +249,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     model = build(config, device, dtype, seed=0)
-    sync(device)
+    synchronize(device)
     build_s = time.perf_counter() - t0
     params = sum(p.numel() for p in model.parameters())
     parts = {name: sum(p.numel() for p in getattr(model, name).parameters())

@@ -3,6 +3,8 @@ round trips, training that continues exactly as without the switch, reused host 
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from torch import nn
@@ -53,8 +55,6 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 def live_cuda_tensors() -> str:
     """What still holds device memory: the live CUDA tensors the garbage collector can see, and
     where the allocator's active blocks were allocated (recorded since the test began)."""
-    import gc
-
     found = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.is_cuda]
     lines = [f"{len(found)} live CUDA tensors: " + ", ".join(f"{type(t).__name__}{tuple(t.shape)} {t.dtype}" for t in found[:20])]
     for segment in torch.cuda.memory._snapshot()["segments"]:
