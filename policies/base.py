@@ -63,6 +63,18 @@ class Evaluation:
     values: torch.Tensor | None
 
 
+# A pytree node: FSDP2 runs ``evaluate`` as a forward method (``register_fsdp_forward_method``) and
+# hooks its backward on the tensors of the output, which torch up to at least 2.11 finds with
+# ``tree_flatten`` -- a plain dataclass is one opaque leaf there, no hook runs, the gradients stay
+# on the gathered parameters and every shard's ``.grad`` is None (seen on an H200: grad_norm 0.0,
+# weights unmoved). Later releases walk dataclasses themselves.
+torch.utils._pytree.register_pytree_node(
+    Evaluation,
+    lambda e: ([e.logprobs, e.entropy, e.values], None),
+    lambda children, _: Evaluation(*children),
+)
+
+
 class Policy(nn.Module, ABC):
     """An actor (optionally with a critic) acting on batched env observations."""
 

@@ -148,6 +148,44 @@ def test_grpo_on_a_policy_with_an_unused_critic(ray_cluster):
     assert_same_update(weights, stats, reference)
 
 
+class TreeFlattenHooks(TrainerWorker):
+    """A trainer rank whose FSDP2 finds the tensors of a forward's output with ``tree_flatten``,
+    as torch did up to at least 2.11 (later releases also walk dataclasses)."""
+
+    def hook_outputs_by_tree_flatten(self) -> None:
+        from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+        from torch.utils._pytree import tree_flatten
+
+        def register(state, output):  # noqa: ANN001, ANN202
+            if torch.is_grad_enabled():
+                for t in tree_flatten(output)[0]:
+                    if torch.is_tensor(t) and t.requires_grad:
+                        t.register_hook(state._pre_backward)
+            return output
+
+        FSDPState._register_pre_backward_hook = register
+
+
+@pytest.mark.slow
+def test_fsdp_finds_the_backward_of_evaluate_where_it_flattens_the_output(ray_cluster):
+    """Seen on an H200 with torch 2.11: a one-rank FSDP2 trainer reported grad_norm 0.0 and never
+    moved (the backward hook of ``evaluate``'s output was never registered: FSDP2 looked for its
+    tensors with ``tree_flatten``, to which a plain dataclass was one leaf). ``Evaluation`` is a
+    pytree node, so that FSDP2 takes the step of one rank too."""
+    cfg = config("workers.trainer_strategy=fsdp")
+    batches = [random_batch(seed=1), random_batch(seed=2)]
+    reference = one_rank(config(), batches)
+    group = WorkerGroup(ray_cluster, TreeFlattenHooks, 1, cfg, OBS, ACT, name="fsdp-tree-flatten")
+    try:
+        group.call("hook_outputs_by_tree_flatten").wait()
+        host, port = group.call("rendezvous", ranks=[0]).result()
+        assert group.call("join", host, port).result() == "fsdp x1"
+        stats = [group.call("update", b, cfg.algo.lr).result() for b in batches]
+        assert_same_update(state_of(group.call("export_weights").result()), stats, reference)
+    finally:
+        group.shutdown()
+
+
 def test_every_rank_makes_the_same_calls_over_its_block():
     """The split of a minibatch over ranks and micro-batches, by hand: blocks of ``tensor_split``;
     every rank makes as many calls as the largest block needs; a rank without rows repeats row 0

@@ -1,5 +1,5 @@
 """The CUDA paths of scale-out (skipped without a GPU): a DDP or FSDP2-wrapped trainer rank on
-NCCL takes the step a CPU rank takes (FSDP2: a known bug, marked); bf16 weights go from a trainer on the GPU to a rollout on the
+NCCL takes the step a CPU rank takes; bf16 weights go from a trainer on the GPU to a rollout on the
 GPU bit for bit; a rank placed by a GPU layout sees exactly its GPU; a >= 1B-parameter model
 offloads and onloads."""
 
@@ -28,13 +28,7 @@ def gpu_cluster():
         yield cluster
 
 
-FSDP_ON_CUDA = pytest.mark.xfail(strict=True, reason=(
-    "known bug, seen on an H200 with torch 2.11 (2026-11-27): the FSDP2 rank on NCCL reports grad_norm 0.0 "
-    "(the CPU rank: 0.87) and its weights differ by up to 3e-3; a bare fully_shard model on the same "
-    "machine clips its norm right (docs/benchmarks.md, \"On a GPU: one H200\")"))
-
-
-@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=FSDP_ON_CUDA)])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_a_rank_on_cuda_takes_the_step_of_a_cpu_rank(gpu_cluster, strategy):
     """A trainer rank on NCCL (DDP, or FSDP2's ``fully_shard``) updates as the CPU rank does."""
     cfg = config(f"workers.trainer_strategy={strategy}", "workers.trainer_device=cuda")
