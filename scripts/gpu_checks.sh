@@ -38,7 +38,7 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda'
     python3 -m benchmarks.vla_real_size ${VLA_ARGS:-} --out "$out/vla_real_size.json"
 
 [[ $steps == *" tests "* ]] && step gpu_tests "${TEST_LIMIT:-170}" "$out/pytest_gpu.log" python3 -m pytest -p no:cacheprovider -m gpu -rs -q --durations=10 \
-    tests/embodied/test_offload.py tests/policies/vla/test_policy.py tests/envs/test_batched.py \
+    tests/embodied/test_offload.py tests/embodied/test_weights.py tests/policies/vla/test_policy.py tests/envs/test_batched.py \
     tests/envs/test_maniskill.py tests/pipelines/test_gpu_scaleout.py
 
 smoke=$(mktemp -d)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from embodied.runtime.weights import WeightSyncer, state_of
+from embodied.runtime.weights import HostStaging, WeightSyncer, state_of
 
 
 def model(dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -77,3 +78,52 @@ def test_state_of_copies_the_tensors_out():
     state = state_of(WeightSyncer().export(src, 1))
     assert set(state) == set(src.state_dict())
     assert all(torch.equal(state[k], v) for k, v in src.state_dict().items())
+
+
+def test_the_host_staging_is_reused_only_once_no_payload_views_it():
+    """Device tensors are copied into one host buffer that later exports reuse: only when no array
+    of the previous payload is alive (a payload never changes under its holder)."""
+    cpu = {torch.device("cpu")}
+    staging = HostStaging(pin=False)
+    host, array = staging.take(64, cpu)
+    host.fill_(7)
+    held = array[8:16]  # a payload's array, still held
+    host2, array2 = staging.take(32, cpu)
+    assert staging.allocations == 2 and not np.shares_memory(array2, held)
+    host2.fill_(1)
+    assert (held == 7).all()
+    del host, array, held, array2
+    host3, array3 = staging.take(24, cpu)  # nothing views the buffer: reused
+    assert staging.allocations == 2 and host3.data_ptr() == host2.data_ptr()
+    del array3
+    staging.take(100, cpu)  # larger than the buffer: a new one
+    assert staging.allocations == 3
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_weights_export_through_pinned_memory_kept_between_exports():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 512), nn.Linear(512, 512)).to("cuda", torch.bfloat16)
+    model.register_buffer("steps", torch.arange(3.0))  # a CPU buffer beside the CUDA weights: viewed in place
+    syncer = WeightSyncer()
+    first = syncer.export(model, version=1)
+    kept = state_of(first)
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    second = syncer.export(model, version=2)  # `first` is still held: a new buffer, `first` unchanged
+    assert syncer.staging.allocations == 2
+    assert all(same_bytes(v, w) for v, w in zip(kept.values(), state_of(first).values()))
+    assert not same_bytes(kept["0.weight"], state_of(second)["0.weight"])
+    del first, kept, second
+    third = syncer.export(model, version=3)  # nothing views the last buffer: reused
+    assert syncer.staging.allocations == 2
+    weights = [a for s, a in zip(third.slots, third.arrays) if s.name != "steps"]
+    assert all(torch.from_numpy(a).is_pinned() for a in weights)
+    got = state_of(third)
+    for name, t in model.state_dict().items():
+        assert same_bytes(got[name], t.detach().cpu()), name
