@@ -7,7 +7,8 @@ within ``plan.calibrate`` of the recipe's iterations; the plan a run settles on 
 prediction). Then build the workers of *every* candidate plan of the planner's table (each
 distinct placement, chunk count, offload set and micro-batch, up to ``--max-chunks`` chunks; the
 sequential plan always) afresh and run ``--warmup`` untimed then ``--iterations`` timed training
-iterations of it (at least as many as calibration measures a plan for: about 0.5 s of them),
+iterations of it (more until they took 0.5 s, as calibration measures a plan: an episodic
+iteration that ended early counts its own seconds, not the full iteration's it stands for),
 re-planning off. Per recipe it reports each candidate's predicted (probes alone,
 and corrected by calibration) and measured seconds per iteration (an episodic GRPO iteration ends
 once its episodes are over, sooner while the policy is young: each is predicted as it ran, at the
@@ -45,7 +46,7 @@ from benchmarks.common import RESULTS, command_of, host_window, write_result
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster
 from pipelines.config import EmbodiedConfig
-from pipelines.calibrate import Calibrated, iterations_for
+from pipelines.calibrate import MAX_ITERATIONS, MEASURE_S, Calibrated
 from pipelines.embodied import EmbodiedWorkflow
 from pipelines.planning import plan_embodied, profile_embodied, resources_of, workflow_of
 from pipelines.recipes import load_recipe
@@ -116,8 +117,10 @@ def calibrate(cfg: EmbodiedConfig, cluster: Cluster) -> tuple[Calibrated | None,
 
 def measure(cfg: EmbodiedConfig, cluster: Cluster, profile: Profile, plan: Plan, warmup: int,
             iterations: int) -> tuple[list[float], list[float]]:
-    """Seconds of ``iterations`` training iterations (after ``warmup``) under exactly ``plan``, and
-    each one's predicted share of a full iteration (1.0 unless an episodic iteration ended early:
+    """Seconds of at least ``iterations`` training iterations (after ``warmup``) under exactly
+    ``plan``, more until they took :data:`~pipelines.calibrate.MEASURE_S` seconds (short iterations
+    are noisy; as calibration measures, at most ``MAX_ITERATIONS``), and each one's predicted share
+    of a full iteration (1.0 unless an episodic iteration ended early:
     :meth:`~pipelines.workflow.Workflow.shape_scale`)."""
     workflow = EmbodiedWorkflow(cfg)
     runner = Runner(cfg, None, workflow)
@@ -126,11 +129,12 @@ def measure(cfg: EmbodiedConfig, cluster: Cluster, profile: Profile, plan: Plan,
     workflow.build(cluster, layout, profile)
     try:
         times, scales = [], []
-        for it in range(warmup + iterations):
+        for _ in range(warmup):
+            runner.step()
+        while len(times) < iterations or (sum(times) < MEASURE_S and len(times) < MAX_ITERATIONS):
             metrics = runner.step()
-            if it >= warmup:
-                times.append(metrics["time/iteration_s"])
-                scales.append(workflow.shape_scale(plan, profile, metrics))
+            times.append(metrics["time/iteration_s"])
+            scales.append(workflow.shape_scale(plan, profile, metrics))
         return times, scales
     finally:
         workflow.close()
@@ -164,9 +168,8 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
         rows = []
         for i, p in enumerate(plans):
             predicted = corrected.get(p.key(), p.predicted_iteration_s)
-            # short iterations are noisy: at least as many as calibration measures a plan for
             with host_window() as host:
-                times, scales = measure(cfg, cluster, profile, p, args.warmup, max(args.iterations, iterations_for(predicted)))
+                times, scales = measure(cfg, cluster, profile, p, args.warmup, args.iterations)
             measured, scale = statistics.median(times), statistics.median(scales)
             # > 1: the host ran the fixed workload slower now than while calibration measured
             host_drift = host["reference_s"] / calibration_host["reference_s"]

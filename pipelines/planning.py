@@ -150,15 +150,16 @@ def _setup_key(cfg: EmbodiedConfig, backend: str) -> dict[str, Any]:
         "policy": to_dict(cfg.policy),
         "minibatch": workflow_of(cfg).train_minibatch,
         "backend": backend,
-        "trainer": {"ranks": cfg.workers.trainer, "device": cfg.workers.trainer_device},
+        "trainer": {"ranks": cfg.workers.trainer, "device": cfg.workers.trainer_device,
+                    "probe_minibatches": trainer_probe_sizes(cfg)},
         "rollout_device": cfg.workers.rollout_device,
         "env_threads": cfg.workers.rollout_threads,  # the thread variables env workers (and the env probe) get
         "rollout_decisions": rollout_probe_decisions(cfg),
-        # 10: env shapes pinned to their cores (one process may span several), rollout passes of T
+        # 11: an episodic algorithm's trainer probe also times small minibatches; 10: env shapes pinned to their cores (one process may span several), rollout passes of T
         # decisions; 9: on Ray the rollout is probed in a RolloutWorker fed over channels; 8: the rollout probe
         # records through the TrajectoryRecorder, the env probe includes its message's assembly, a
         # weight-sync probe; 7: trainer ranks and devices; 6: the trainer component is named "trainer"
-        "version": 10,
+        "version": 11,
     }
 
 
@@ -518,6 +519,24 @@ def fit_threads(probe: Probe, one_thread_devices: int = 1) -> CostModel:
 #: Minibatches of the trainer probe's one epoch: its per-update costs (advantages, the normalizer,
 #: the shuffle) spread over them as over an iteration's minibatches.
 TRAINER_PROBE_MINIBATCHES = 4
+#: An episodic (grouped: GRPO) iteration ends once its episodes are over and trains on the
+#: decisions they took: while the policy is young its minibatches are a small share of the
+#: configured size, where an optimizer step's fixed cost outweighs its per-sample one (CartPole's
+#: MLP on one core: 1.56 ms per minibatch of 32 samples, 1.96 ms of 250, 11.1 ms of 4,000). Sizes
+#: of the configured minibatch and half of it alone cannot tell the fixed part (the fit put it at
+#: 0 and priced such iterations' trainer at a sixth of what it took); the probe of an episodic
+#: algorithm also times minibatches of this share of the configured size.
+EPISODIC_PROBE_SHARE = 1 / 16
+
+
+def trainer_probe_sizes(cfg: EmbodiedConfig) -> list[int]:
+    """The minibatch sizes the trainer probe times: the configured one and half of it, and for an
+    episodic algorithm :data:`EPISODIC_PROBE_SHARE` of it (at least one sample per rank each)."""
+    mb, ranks = workflow_of(cfg).train_minibatch, cfg.workers.trainer
+    sizes = {mb, max(ranks, mb // 2)}
+    if build_algorithm(cfg.algo).grouped:
+        sizes.add(max(ranks, int(mb * EPISODIC_PROBE_SHARE)))
+    return sorted(sizes)
 
 
 class ShardProbe(DataParallel):
@@ -545,8 +564,9 @@ def _probe_trainer(cfg: EmbodiedConfig, policy, obs, action_space, cores: int, l
                    message: tuple[float, float] = (0.0, 0.0)) -> tuple[Probe, float, float]:
     """Time the trainer's own update (the algorithm's ``update``: advantages, minibatch gathers,
     loss, backward, gradient clipping, optimizer step, stats) on a synthetic batch of
-    TRAINER_PROBE_MINIBATCHES minibatches of the configured size (and half of it), per minibatch,
-    on the trainer's device; one offload/onload.
+    TRAINER_PROBE_MINIBATCHES minibatches of each of :func:`trainer_probe_sizes` (the configured
+    size, half of it, and for an episodic algorithm a small share), per minibatch, on the
+    trainer's device; one offload/onload.
 
     With ``workers.trainer=N`` ranks the probe is one rank's share of that work (its block of each
     minibatch, on 1 and ``cores / N`` threads) plus one all-reduce of the gradients per minibatch
@@ -557,7 +577,6 @@ def _probe_trainer(cfg: EmbodiedConfig, policy, obs, action_space, cores: int, l
     policy = policy.to(device)
     optimizer = build_optimizer(policy.parameters(), cfg.algo)
     ranks = cfg.workers.trainer
-    mb = workflow_of(cfg).train_minibatch
     m = TRAINER_PROBE_MINIBATCHES
     algorithm = build_algorithm(dataclasses.replace(cfg.algo, epochs=1, num_minibatches=m, target_kl=None))
     reference = policy if algorithm.needs_reference else None
@@ -566,7 +585,7 @@ def _probe_trainer(cfg: EmbodiedConfig, policy, obs, action_space, cores: int, l
     combine_s = allreduce_s(grad_mib, ranks, *message)
     before = torch.get_num_threads()
     try:
-        for b in sorted({mb, max(ranks, mb // 2)}):
+        for b in trainer_probe_sizes(cfg):
             batch = synthetic_batch(policy, obs, b, m, cfg.algo.group_size, algorithm.needs_critic)
             for threads in sorted({1, max(1, cores // ranks)}):
                 torch.set_num_threads(threads)

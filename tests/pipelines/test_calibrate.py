@@ -11,7 +11,7 @@ import pytest
 
 from embodied.config import apply_overrides
 from embodied.errors import ConfigError
-from pipelines.calibrate import MARGIN, MAX_ITERATIONS, TARGET_RSE, Calibrator, iterations_for, measured_enough, relative_standard_error
+from pipelines.calibrate import MARGIN, MAX_ITERATIONS, MEASURE_S, TARGET_RSE, Calibrator, iterations_for, measured_enough, relative_standard_error
 from pipelines.config import EmbodiedConfig
 from pipelines.embodied import EmbodiedWorkflow
 from pipelines.replan import rescale
@@ -225,6 +225,8 @@ def test_episodic_iterations_that_grow_are_measured_as_full_ones():
         ran = [pipeline.iteration_s(m.plan, {"rollout/decisions": 2.0 + i, "charts/samples": 8 * (2 + i)})
                for i in m.iterations]
         assert max(ran) < 0.5 * truth[m.plan.key()]
+        # they were measured for about MEASURE_S seconds of what they took, not of what they stand for
+        assert sum(ran) >= MEASURE_S or len(m.iterations) == MAX_ITERATIONS
         # ... and count as the full iteration (up to how the factors shift the shape's share)
         assert m.iteration_s == pytest.approx(truth[m.plan.key()], rel=0.1)
     assert settled.plan.predicted_iteration_s == pytest.approx(truth[settled.plan.key()], rel=0.1)
@@ -246,6 +248,9 @@ def test_a_measurement_goes_on_while_its_iterations_spread():
     assert measured_enough([5.66, 8.23], budget_left=0)  # out of budget: what there is
     assert measured_enough([1.0, 2.0] * (MAX_ITERATIONS // 2), budget_left=5)  # at most MAX_ITERATIONS
     assert not measured_enough([0.1, 0.1], budget_left=5)  # still under MEASURE_S seconds
+    # episodic iterations that ended early, counted as the full ones they stand for: what they took counts
+    assert not measured_enough([0.7, 0.7], budget_left=5, wall_s=0.26)
+    assert measured_enough([0.7, 0.7, 0.7, 0.7], budget_left=5, wall_s=0.52)
 
 
 class NoisyPipeline(Pipeline):

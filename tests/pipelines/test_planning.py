@@ -222,7 +222,8 @@ def test_on_ray_the_rollout_is_probed_in_a_rollout_worker_fed_over_channels(tmp_
 def test_trainer_probe_times_the_trainers_own_update(tmp_path, monkeypatch, algo):
     """The trainer's cost comes from the configured algorithm's ``update`` itself (the code the
     trainer runs: advantages, minibatch gathers, clipping, stats), on (minibatches, minibatch
-    size) batches of the configured size and half of it, one epoch, divided per minibatch."""
+    size) batches of the configured size and half of it, one epoch, divided per minibatch; for an
+    episodic algorithm (GRPO) also of a sixteenth of it, where a step's fixed cost shows."""
     import pipelines.planning as planning
     from embodied.algorithms.base import Algorithm
 
@@ -240,9 +241,10 @@ def test_trainer_probe_times_the_trainers_own_update(tmp_path, monkeypatch, algo
     with Cluster(ClusterConfig(backend="local")) as cluster:
         prof = profile_embodied(cfg, cluster, log=lambda *_: None)
     m = planning.TRAINER_PROBE_MINIBATCHES
-    assert {shape for _, shape, _, _ in calls} == {(m, 32), (m, 16)}
+    sizes = {32, 16, 2} if algo == "grpo" else {32, 16}
+    assert {shape for _, shape, _, _ in calls} == {(m, b) for b in sizes}
     assert {(name, epochs, mbs) for name, _, epochs, mbs in calls} == {(algo, 1, m)}
-    assert {b for b, _, _ in prof.meta["probes"]["trainer"]} == {32, 16}
+    assert {b for b, _, _ in prof.meta["probes"]["trainer"]} == sizes
 
 
 def test_env_probe_lets_the_policy_infer_between_timed_steps(tmp_path, monkeypatch):
