@@ -155,9 +155,10 @@ def _setup_key(cfg: EmbodiedConfig, backend: str) -> dict[str, Any]:
         "rollout_device": cfg.workers.rollout_device,
         "env_threads": cfg.workers.rollout_threads,  # the thread variables env workers (and the env probe) get
         "rollout_decisions": rollout_probe_decisions(cfg),
-        # 11: an episodic algorithm's trainer probe also times small minibatches; 10: env shapes pinned to their cores (one process may span several), rollout passes of T
-        # decisions; 9: on Ray the rollout is probed in a RolloutWorker fed over channels; 8: the rollout probe
-        # records through the TrajectoryRecorder, the env probe includes its message's assembly, a
+        # 11: an episodic algorithm's trainer probe also times small minibatches; 10: env shapes
+        # pinned to their cores (one process may span several), rollout passes of T decisions; 9: on
+        # Ray the rollout is probed in a RolloutWorker fed over channels; 8: the rollout probe records
+        # through the TrajectoryRecorder, the env probe includes its message's assembly, a
         # weight-sync probe; 7: trainer ranks and devices; 6: the trainer component is named "trainer"
         "version": 11,
     }
