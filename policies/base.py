@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 #: Observation key of the per-env language instruction (a numpy array of B strings).
 INSTRUCTION_KEY = "instruction"
@@ -68,7 +69,7 @@ class Evaluation:
 # ``tree_flatten`` -- a plain dataclass is one opaque leaf there, no hook runs, the gradients stay
 # on the gathered parameters and every shard's ``.grad`` is None (seen on an H200: grad_norm 0.0,
 # weights unmoved). Later releases walk dataclasses themselves.
-torch.utils._pytree.register_pytree_node(
+pytree.register_pytree_node(
     Evaluation,
     lambda e: ([e.logprobs, e.entropy, e.values], None),
     lambda children, _: Evaluation(*children),
