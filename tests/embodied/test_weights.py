@@ -105,7 +105,6 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_weights_export_through_pinned_memory_kept_between_exports():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(512, 512), nn.Linear(512, 512)).to("cuda", torch.bfloat16)
