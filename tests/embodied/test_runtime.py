@@ -115,6 +115,50 @@ def test_ray_workers_start_with_the_torch_process_env(ray_cluster):
     group.shutdown()
 
 
+IDLE_WORKERS_SCRIPT = """
+import os, sys, time
+from embodied.runtime import Cluster, ClusterConfig
+
+
+def children(pid):
+    out = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = open(f"/proc/{p}/stat").read()
+            cmd = open(f"/proc/{p}/cmdline").read().replace("\\0", " ")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            out.append((int(p), cmd))
+    return out
+
+
+cluster = Cluster(ClusterConfig(backend="ray", num_cpus=2, timeout_s=60))
+time.sleep(3)  # Ray prestarts its idle workers right after the driver connects
+raylet = [p for p, cmd in children(os.getpid()) if "raylet/raylet" in cmd]
+print(len(raylet), sum("ray::IDLE" in cmd for p in raylet for _, cmd in children(p)))
+cluster.shutdown()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_a_local_ray_starts_no_idle_workers_that_no_actor_would_use():
+    """Every worker of a run is an actor with thread variables of its own, which Ray starts a
+    process for: the idle workers Ray prestarts for the job's runtime env would cost ~0.7 CPU-s
+    each and never run anything."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    result = subprocess.run([sys.executable, "-c", IDLE_WORKERS_SCRIPT], cwd=root, capture_output=True, text=True,
+                            timeout=120, env={**env, "PYTHONPATH": str(root)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["1", "0"], result.stdout  # the raylet found, no ray::IDLE under it
+
+
 def test_torch_process_env_keeps_what_the_user_set(monkeypatch):
     from embodied.runtime.cluster import TORCH_PROCESS_ENV, apply_torch_process_env
 
