@@ -43,6 +43,7 @@ from embodied.runtime.distributed import SINGLE, DataParallel
 from pipelines.collect import EnvOutput, TrajectoryRecorder, env_output, resolve_device, to_torch, with_instructions
 from pipelines.config import EmbodiedConfig
 from pipelines.layout import Machine, NodeSpec
+from pipelines.workers import Pinning, RolloutWorker
 from pipelines.workflow import Layout, cpu_resources
 from policies.registry import build_policy
 from embodied.runtime.weights import WeightSyncer
@@ -278,10 +279,43 @@ class EnvProbe:
             env.close()
 
 
-class EnvProbeWorker(Worker):
+class Echo:
+    """Bounces channel messages back: measures the cost of one message between two workers
+    (:func:`probe_transfer`)."""
+
+    def bounce(self, inbox: Channel, outbox: Channel, count: int) -> None:
+        for _ in range(count):
+            outbox.put(0, inbox.get(0))
+
+    def serve(self, inbox: Channel, outbox: Channel, payload: np.ndarray, count: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(count):
+            outbox.put(0, payload)
+            inbox.get(0)
+        return (time.perf_counter() - t0) / (2 * count)
+
+
+class EnvReplay:
+    """The env side of the rollout probe (Ray backend): sends recorded env outputs and takes the
+    actions back over the channels, as an :class:`~pipelines.workers.EnvWorker` does, without
+    simulating; then takes the rollout's batch off its channel."""
+
+    def replay(self, outputs: list[EnvOutput], steps: int, obs_channel: Channel, action_channel: Channel,
+               traj_channel: Channel) -> None:
+        obs_channel.put(0, EnvOutput(outputs[0].obs, group_ids=outputs[0].group_ids))
+        for t in range(steps):
+            action_channel.get(0)
+            obs_channel.put(0, outputs[(t + 1) % len(outputs)])
+        traj_channel.get(0)
+
+
+class EnvProbeWorker(Worker, EnvReplay, Echo):
     """Runs the env probe in a worker process, so that an env whose constructor, reset or step
     hangs during profiling is a timeout of one call (``cluster.timeout_s`` per probed shape), and
-    is killed with the worker, instead of a driver that hangs."""
+    is killed with the worker, instead of a driver that hangs. The same process then plays the
+    env side of the rollout probe (:class:`EnvReplay`) and one end of the message probe
+    (:class:`Echo`): a worker process costs seconds to start (Python, torch, the project), and
+    profiling on Ray starts two instead of five."""
 
     def __init__(self, cfg: EmbodiedConfig) -> None:
         torch.set_num_threads(1)
@@ -344,13 +378,17 @@ def probe_env(
     return probe, obs_sample, obs_space, action_space, policy, outputs
 
 
-def _probe_env_in_a_worker(cfg: EmbodiedConfig, cluster: Cluster, cores: int, log) -> tuple[Probe, Any, Any, Any, Any, list[EnvOutput]]:
-    """:func:`probe_env` with every shape measured in an :class:`EnvProbeWorker` (Ray backend):
-    each call waits at most ``cluster.timeout_s``, so an env that hangs while being profiled
-    ends the run with a timeout naming the env and the key."""
-    # the thread variables an env worker of the pipeline gets (a renderer's threads among them)
+def env_probe_group(cfg: EmbodiedConfig, cluster: Cluster) -> WorkerGroup:
+    """The :class:`EnvProbeWorker` of profiling on Ray, with the thread variables an env worker of
+    the pipeline gets (a renderer's threads among them)."""
     threads = {k: str(cfg.workers.rollout_threads) for k in THREAD_ENV_VARS}
-    group = WorkerGroup(cluster, EnvProbeWorker, 1, cfg, name="profile-env", resources=RankResources(0.01, env_vars=threads))
+    return WorkerGroup(cluster, EnvProbeWorker, 1, cfg, name="profile-env", resources=RankResources(0.01, env_vars=threads))
+
+
+def _probe_env_in_a_worker(cfg: EmbodiedConfig, group: WorkerGroup, cores: int, log) -> tuple[Probe, Any, Any, Any, Any, list[EnvOutput]]:
+    """:func:`probe_env` with every shape measured in ``group``'s :class:`EnvProbeWorker` (Ray
+    backend): each call waits at most ``cluster.timeout_s``, so an env that hangs while being
+    profiled ends the run with a timeout naming the env and the key."""
 
     def measure(b: int, procs: int, on: int) -> ShapeMeasurement:
         try:
@@ -366,10 +404,7 @@ def _probe_env_in_a_worker(cfg: EmbodiedConfig, cluster: Cluster, cores: int, lo
                 where={k: v for k, v in err.where.items() if k not in ("group", "rank")},
             ) from None
 
-    try:
-        return probe_env(cfg, cores, log, measure)
-    finally:
-        group.shutdown()
+    return probe_env(cfg, cores, log, measure)
 
 
 #: Most decisions the rollout probe records per timed pass (from the env probe's outputs, cycled).
@@ -456,35 +491,28 @@ def _probe_rollout(cfg: EmbodiedConfig, policy, outputs: list[EnvOutput], action
         torch.set_num_threads(before)
 
 
-class _EnvReplay(Worker):
-    """The env side of the rollout probe (Ray backend): sends recorded env outputs and takes the
-    actions back over the channels, as an :class:`~pipelines.workers.EnvWorker` does, without
-    simulating; then takes the rollout's batch off its channel."""
-
-    def replay(self, outputs: list[EnvOutput], steps: int, obs_channel: Channel, action_channel: Channel,
-               traj_channel: Channel) -> None:
-        obs_channel.put(0, EnvOutput(outputs[0].obs, group_ids=outputs[0].group_ids))
-        for t in range(steps):
-            action_channel.get(0)
-            obs_channel.put(0, outputs[(t + 1) % len(outputs)])
-        traj_channel.get(0)
+class ProbeRolloutWorker(RolloutWorker, Echo):
+    """The rollout probe's :class:`~pipelines.workers.RolloutWorker`, which also bounces the
+    message probe's messages (:class:`Echo`) back to the env probe's worker."""
 
 
-def _probe_rollout_in_a_worker(cfg: EmbodiedConfig, cluster: Cluster, policy, outputs: list[EnvOutput], obs_space: Any,
-                               action_space: Any, cores: int, log) -> Probe:
-    """:func:`_probe_rollout` as the pipeline pays it: a real :class:`~pipelines.workers.RolloutWorker`
-    in a worker process of its own, fed the env probe's outputs over the channels by an
-    :class:`_EnvReplay` worker; a call costs what the worker's ``infer_s`` counts (deserialized
-    inputs, the sampling stream, recording, sending the actions). On this machine's default job
-    (16 envs, an MLP) the pipeline paid ~1.4 ms a decision; the driver's loop had measured 0.3 ms,
-    this probe measures 0.8 ms. CPU rollouts only: a probe worker holds no GPU."""
-    from pipelines.workers import Pinning, RolloutWorker
-
+def rollout_probe_group(cfg: EmbodiedConfig, cluster: Cluster, obs_space: Any, action_space: Any) -> WorkerGroup:
+    """The rollout worker of profiling on Ray: a real rollout worker for one env worker."""
     record_values = build_algorithm(cfg.algo).needs_critic
     one_worker = dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, env=1))
-    rollout = WorkerGroup(cluster, RolloutWorker, 1, one_worker, obs_space, action_space, 1, None, record_values,
-                          name="profile-rollout", resources=RankResources(0.01))
-    replay = WorkerGroup(cluster, _EnvReplay, 1, name="profile-env-replay", resources=RankResources(0.01))
+    return WorkerGroup(cluster, ProbeRolloutWorker, 1, one_worker, obs_space, action_space, 1, None, record_values,
+                       name="profile-rollout", resources=RankResources(0.01))
+
+
+def _probe_rollout_in_a_worker(cfg: EmbodiedConfig, rollout: WorkerGroup, replay: WorkerGroup, policy,
+                               outputs: list[EnvOutput], cores: int, log) -> Probe:
+    """:func:`_probe_rollout` as the pipeline pays it: a real :class:`~pipelines.workers.RolloutWorker`
+    (``rollout``) in a worker process of its own, fed the env probe's outputs over the channels by
+    the env probe's worker (``replay``, :class:`EnvReplay`); a call costs what the worker's
+    ``infer_s`` counts (deserialized inputs, the sampling stream, recording, sending the actions).
+    On this machine's default job (16 envs, an MLP) the pipeline paid ~1.4 ms a decision; the
+    driver's loop had measured 0.3 ms, this probe measures 0.8 ms. CPU rollouts only: a probe
+    worker holds no GPU."""
     obs_ch, act_ch, traj_ch = Channel("probe-obs", rollout), Channel("probe-act", replay), Channel("probe-traj", replay)
 
     def use_threads(threads: int) -> None:
@@ -496,12 +524,8 @@ def _probe_rollout_in_a_worker(cfg: EmbodiedConfig, cluster: Cluster, policy, ou
         fed.wait()
         return float(out["infer_s"]) / (decisions + 1)
 
-    try:
-        rollout.call("load_weights", WeightSyncer().export(policy.cpu(), 0)).wait()
-        return _rollout_probe(cfg, outputs, cores, log, use_threads, per_call, 3, "in a rollout worker")
-    finally:
-        rollout.shutdown()
-        replay.shutdown()
+    rollout.call("load_weights", WeightSyncer().export(policy.cpu(), 0)).wait()
+    return _rollout_probe(cfg, outputs, cores, log, use_threads, per_call, 3, "in a rollout worker")
 
 
 def fit_threads(probe: Probe, one_thread_devices: int = 1) -> CostModel:
@@ -646,39 +670,38 @@ def probe_weight_sync(trainer_policy, rollout_policy) -> float:
     return time_call(lambda: syncer.load(rollout_policy, syncer.export(trainer_policy, 0)), warmup=1, repeats=3)
 
 
-class _Echo(Worker):
-    """Bounces channel messages back: measures the cost of one message between two workers."""
-
-    def bounce(self, inbox: Channel, outbox: Channel, count: int) -> None:
-        for _ in range(count):
-            outbox.put(0, inbox.get(0))
-
-    def serve(self, inbox: Channel, outbox: Channel, payload: np.ndarray, count: int) -> float:
-        t0 = time.perf_counter()
-        for _ in range(count):
-            outbox.put(0, payload)
-            inbox.get(0)
-        return (time.perf_counter() - t0) / (2 * count)
+class EchoWorker(Worker, Echo):
+    """A worker that only bounces the message probe's messages."""
 
 
-def probe_transfer(cluster: Cluster, obs_mib: float, log) -> tuple[float, float]:
-    """(latency_s, s_per_mib) of one channel message between two worker processes."""
+def probe_transfer(cluster: Cluster, obs_mib: float, log, ends: tuple[WorkerGroup, WorkerGroup] | None = None) -> tuple[float, float]:
+    """(latency_s, s_per_mib) of one channel message between two worker processes: ``ends``, two
+    one-rank groups of workers that are :class:`Echo` (the first serves, the second bounces), or
+    two :class:`EchoWorker` started for it."""
     if cluster.backend != "ray":
         return 0.0, 0.0
-    group = WorkerGroup(cluster, _Echo, 2, name="profile-echo", resources=RankResources(0.01))
-    a_in, b_in = Channel("a", group, route=_rank0), Channel("b", group, route=_rank1)
+    own = None
+    if ends is None:
+        own = WorkerGroup(cluster, EchoWorker, 2, name="profile-echo", resources=RankResources(0.01))
+        a_in, b_in = Channel("a", own, route=_rank0), Channel("b", own, route=_rank1)
+        server, bouncer = dict(ranks=[0]), dict(ranks=[1])
+        ends = (own, own)
+    else:
+        a_in, b_in = Channel("a", ends[0]), Channel("b", ends[1])
+        server = bouncer = {}
     times = {}
     big = max(1.0, obs_mib)
     try:
         for mib in (0.001, big):
             payload = np.zeros(max(1, int(mib * MIB)), np.uint8)
             count = 30 if mib < 1 else 10
-            srv = group.call("serve", a_in, b_in, payload, count, ranks=[0])
-            bnc = group.call("bounce", b_in, a_in, count, ranks=[1])
+            srv = ends[0].call("serve", a_in, b_in, payload, count, **server)
+            bnc = ends[1].call("bounce", b_in, a_in, count, **bouncer)
             wait_all(srv, bnc)
             times[mib] = srv.result()
     finally:
-        group.shutdown()
+        if own is not None:
+            own.shutdown()
     s_per_mib = max(0.0, (times[big] - times[0.001]) / (big - 0.001))
     latency_s = max(0.0, times[0.001])
     log(f"  message latency {latency_s * 1e3:.2f} ms, {s_per_mib * 1e3:.2f} ms/MiB")
@@ -706,18 +729,27 @@ def profile_embodied(cfg: EmbodiedConfig, cluster: Cluster, force: bool = False,
             return Profile.from_dict(cached)
     log(f"[m2flow] profiling env, rollout and trainer on {cores} cores ...")
     t0 = time.perf_counter()
-    if cluster.backend == "ray":  # a hanging env is a timeout of the worker, not a hanging driver
-        env_probe, obs, obs_space, action_space, policy, outputs = _probe_env_in_a_worker(cfg, cluster, cores, log)
-    else:
-        env_probe, obs, obs_space, action_space, policy, outputs = probe_env(cfg, cores, log)
     rollout_on_cpu = resolve_device(cfg.workers.rollout_device).type == "cpu"
-    if cluster.backend == "ray" and rollout_on_cpu:  # what the rollout pays in a worker process, channels included
-        rollout_probe = _probe_rollout_in_a_worker(cfg, cluster, policy, outputs, obs_space, action_space, cores, log)
-    else:
-        rollout_probe = _probe_rollout(cfg, policy, outputs, action_space, cores, log)
-    policy = policy.cpu()
-    obs_mib = _obs_mib_per_env(obs)
-    latency_s, s_per_mib = probe_transfer(cluster, obs_mib * cfg.env.num_envs, log)
+    groups: list[WorkerGroup] = []
+    try:
+        if cluster.backend == "ray":  # a hanging env is a timeout of the worker, not a hanging driver
+            groups.append(env_probe_group(cfg, cluster))
+            env_probe, obs, obs_space, action_space, policy, outputs = _probe_env_in_a_worker(cfg, groups[0], cores, log)
+        else:
+            env_probe, obs, obs_space, action_space, policy, outputs = probe_env(cfg, cores, log)
+        if cluster.backend == "ray" and rollout_on_cpu:  # what the rollout pays in a worker process, channels included
+            groups.append(rollout_probe_group(cfg, cluster, obs_space, action_space))
+            rollout_probe = _probe_rollout_in_a_worker(cfg, groups[1], groups[0], policy, outputs, cores, log)
+        else:
+            rollout_probe = _probe_rollout(cfg, policy, outputs, action_space, cores, log)
+        policy = policy.cpu()
+        obs_mib = _obs_mib_per_env(obs)
+        # between the env probe's and the rollout probe's workers where both ran (as in the pipeline)
+        ends = (groups[0], groups[1]) if len(groups) == 2 else None
+        latency_s, s_per_mib = probe_transfer(cluster, obs_mib * cfg.env.num_envs, log, ends)
+    finally:
+        for group in groups:
+            group.shutdown()
     trainer_policy = build_policy(cfg.policy, obs_space, action_space)
     trainer_probe, offload_s, onload_s = _probe_trainer(cfg, trainer_policy, obs, action_space, cores, log,
                                                         message=(latency_s, s_per_mib))

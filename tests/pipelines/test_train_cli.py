@@ -109,12 +109,13 @@ def test_gym_ppo_learns_a_continuous_env_defined_in_a_test_file(tmp_path):
     run = tmp_path / "reach"
     result = embodied(
         "train", "gym_ppo", "env.id=tests.pipelines.reach_env:Reach1D", f"run.dir={run}",
-        "algo.total_env_steps=40000", "algo.rollout_steps=80", "env.num_envs=8", "logging.wandb=false",
+        "algo.total_env_steps=20000", "algo.rollout_steps=80", "env.num_envs=8", "logging.wandb=false",
         "eval.episodes=16",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     s = summary(run)
-    # random: about -25; learned: close to the target quickly
+    # random: about -25; learned: close to the target quickly (train return -10 by ~6k steps, eval
+    # -4.4 after 20k: the overhead of a run, not its 15 s of training, is most of this test)
     assert s["eval/episode_return"] > -10, s
     assert s["eval/success_rate"] is not None
 
@@ -392,12 +393,12 @@ def test_ppo_learns_with_action_chunks(tmp_path):
     run = tmp_path / "reach-chunks"
     result = embodied(
         "train", "gym_ppo", "env.id=tests.pipelines.reach_env:Reach1D", f"run.dir={run}", "policy.action_chunk=4",
-        "algo.total_env_steps=40000", "algo.rollout_steps=20", "env.num_envs=8", "logging.wandb=false",
+        "algo.total_env_steps=24000", "algo.rollout_steps=20", "env.num_envs=8", "logging.wandb=false",
         "eval.episodes=16",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     s = summary(run)
-    assert s["eval/episode_return"] > -10, s  # random: about -25
+    assert s["eval/episode_return"] > -10, s  # random: about -25; -4.7 after 20k steps
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["env_steps"] == 8 * 20 * 4  # 40-step episodes end on chunk boundaries: no step skipped
-    assert s["env_steps"] == rows[-1]["env_steps"] >= 40000
+    assert s["env_steps"] == rows[-1]["env_steps"] >= 24000
