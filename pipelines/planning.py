@@ -680,40 +680,27 @@ def probe_transfer(cluster: Cluster, obs_mib: float, log, ends: tuple[WorkerGrou
     two :class:`EchoWorker` started for it."""
     if cluster.backend != "ray":
         return 0.0, 0.0
-    own = None
-    if ends is None:
-        own = WorkerGroup(cluster, EchoWorker, 2, name="profile-echo", resources=RankResources(0.01))
-        a_in, b_in = Channel("a", own, route=_rank0), Channel("b", own, route=_rank1)
-        server, bouncer = dict(ranks=[0]), dict(ranks=[1])
-        ends = (own, own)
-    else:
-        a_in, b_in = Channel("a", ends[0]), Channel("b", ends[1])
-        server = bouncer = {}
+    own = [] if ends is not None else [WorkerGroup(cluster, EchoWorker, 1, name=f"profile-echo-{end}", resources=RankResources(0.01))
+                                       for end in ("serve", "bounce")]
+    server, bouncer = ends if ends is not None else own
+    a_in, b_in = Channel("a", server), Channel("b", bouncer)
     times = {}
     big = max(1.0, obs_mib)
     try:
         for mib in (0.001, big):
             payload = np.zeros(max(1, int(mib * MIB)), np.uint8)
             count = 30 if mib < 1 else 10
-            srv = ends[0].call("serve", a_in, b_in, payload, count, **server)
-            bnc = ends[1].call("bounce", b_in, a_in, count, **bouncer)
+            srv = server.call("serve", a_in, b_in, payload, count)
+            bnc = bouncer.call("bounce", b_in, a_in, count)
             wait_all(srv, bnc)
             times[mib] = srv.result()
     finally:
-        if own is not None:
-            own.shutdown()
+        for group in own:
+            group.shutdown()
     s_per_mib = max(0.0, (times[big] - times[0.001]) / (big - 0.001))
     latency_s = max(0.0, times[0.001])
     log(f"  message latency {latency_s * 1e3:.2f} ms, {s_per_mib * 1e3:.2f} ms/MiB")
     return latency_s, s_per_mib
-
-
-def _rank0(key: Any, n: int) -> int:
-    return 0
-
-
-def _rank1(key: Any, n: int) -> int:
-    return 1
 
 
 def profile_embodied(cfg: EmbodiedConfig, cluster: Cluster, force: bool = False, log=print) -> Profile:

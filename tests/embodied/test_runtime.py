@@ -116,27 +116,24 @@ def test_ray_workers_start_with_the_torch_process_env(ray_cluster):
 
 
 IDLE_WORKERS_SCRIPT = """
-import os, sys, time
+import os, time
 from embodied.runtime import Cluster, ClusterConfig
+from embodied.runtime.watchdog import RayNodes, children_of
 
 
-def children(pid):
-    out = []
-    for p in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = open(f"/proc/{p}/stat").read()
-            cmd = open(f"/proc/{p}/cmdline").read().replace("\\0", " ")
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            out.append((int(p), cmd))
-    return out
+def command_line(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 cluster = Cluster(ClusterConfig(backend="ray", num_cpus=2, timeout_s=60))
 time.sleep(3)  # Ray prestarts its idle workers right after the driver connects
-raylet = [p for p, cmd in children(os.getpid()) if "raylet/raylet" in cmd]
-print(len(raylet), sum("ray::IDLE" in cmd for p in raylet for _, cmd in children(p)))
+nodes = RayNodes()
+nodes.learn(os.getpid())
+print(len(nodes.raylets), sum("ray::IDLE" in command_line(p) for r in nodes.raylets for p in children_of(r)))
 cluster.shutdown()
 """
 
