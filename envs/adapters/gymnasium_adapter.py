@@ -233,17 +233,19 @@ def default_num_procs(cfg: EnvConfig) -> int:
     return max(1, min(cfg.num_envs, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
-def vectorize(env_fns: list, cfg: EnvConfig, backend: str, instructions: list[str] | None = None) -> VecEnv:
+def vectorize(env_fns: list, cfg: EnvConfig, backend: str, instructions: list[str] | None = None,
+              preload: tuple[str, ...] = ()) -> VecEnv:
     """The VecEnv of ``env_fns`` on ``backend`` (``inprocess`` or ``multiprocess``); applies the
     config's single-env wrappers (``ignore_terminations``), its NaN/inf policy (``nonfinite``) and
-    the env processes' timeouts."""
+    the env processes' timeouts. ``preload``: the simulator's modules, imported once by the
+    forkserver that starts the env processes instead of by each of them (a slow import)."""
     if cfg.ignore_terminations:
         env_fns = [WithoutTerminations(fn) for fn in env_fns]
     if backend == "inprocess":
         return SerialVecEnv(env_fns, instructions, env_id=cfg.id, nonfinite=cfg.nonfinite)
     return MultiprocessVecEnv(
         env_fns, default_num_procs(cfg), instructions, spin_s=cfg.worker_spin_us * 1e-6, timeout_s=cfg.timeout_s,
-        start_timeout_s=cfg.start_timeout_s, env_id=cfg.id, nonfinite=cfg.nonfinite,
+        start_timeout_s=cfg.start_timeout_s, env_id=cfg.id, nonfinite=cfg.nonfinite, preload=preload,
     )
 
 

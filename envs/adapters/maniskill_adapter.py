@@ -72,6 +72,8 @@ from envs.vulkan import ensure_vulkan_env
 
 OBS_MODES = {"state": "state", "rgb": "rgb", "state+rgb": "state+rgb"}  # ours -> ManiSkill's
 BACKENDS = ("auto", "batched", "inprocess", "multiprocess")
+#: Imported once by the forkserver of the env processes (~4 CPU-s each otherwise, torch included).
+PRELOAD = ("mani_skill.envs",)
 
 #: One instruction per common task (ManiSkill has no language; these describe the goal).
 INSTRUCTIONS = {
@@ -395,7 +397,7 @@ def make_maniskill(cfg: EnvConfig, seed: int) -> VecEnv:
         return BatchedVecEnv(ManiSkillBatchedEnv(cfg, "physx_cuda" if cuda else "physx_cpu"), nonfinite=cfg.nonfinite,
                              env_id=cfg.id)  # instructions: its own
     fn = functools.partial(make_cpu_env, cfg)
-    return vectorize([fn] * cfg.num_envs, cfg, backend, [instruction_for(cfg.id)] * cfg.num_envs)
+    return vectorize([fn] * cfg.num_envs, cfg, backend, [instruction_for(cfg.id)] * cfg.num_envs, preload=PRELOAD)
 
 
 # --- GPU-batched backend -------------------------------------------------------------------------------

@@ -43,6 +43,22 @@ _LIVENESS_SLICE_MS = 500
 #: every MultiprocessVecEnv the process makes (an env worker's chunks, a re-plan), so no two
 #: processes share a log file.
 _SHARD_NUMBERS = itertools.count()
+#: What this process's forkserver imports before it forks env processes (see :func:`preload_in_forkserver`).
+_PRELOADED: set[str] = {"__main__"}
+
+
+def preload_in_forkserver(modules: Sequence[str]) -> None:
+    """Have this process's forkserver import ``modules`` once, so that every env process it forks
+    starts with them imported instead of importing them itself: a simulator whose import takes
+    seconds (ManiSkill: ~4 CPU-s, torch included) is paid once per process that makes env processes,
+    not once per env process (a profile probes five shapes, an evaluation and its video make four
+    processes). Takes effect when the forkserver starts (the first env process this process makes
+    with the ``forkserver`` start method); later calls add nothing to a running server. Modules that
+    fail to import are skipped by the server; each env process imports what it needs anyway."""
+    wanted = _PRELOADED | set(modules)
+    if wanted != _PRELOADED:
+        _PRELOADED.update(wanted)
+        mp.set_forkserver_preload(sorted(_PRELOADED))
 
 
 class EnvWorkerError(EnvError):
@@ -119,6 +135,8 @@ class MultiprocessVecEnv(VecEnv):
     shared_memory: pass ``step`` batches through shared memory (False: everything pickled).
     threads_per_worker: size of each worker's thread pools (torch, OpenMP, BLAS, llvmpipe); set
                   before the simulator is imported. 1 keeps N workers on N cores from oversubscribing.
+    preload:      modules the forkserver imports once for all the env processes it forks (the
+                  simulator's, when its import is slow; see :func:`preload_in_forkserver`); forkserver only.
     spin_s:       longest busy-wait of a worker for its next command when commands usually follow
                   its replies within that time (a tight stepping loop), and of the parent around
                   the typical arrival of a step's reply; 0 always blocks. Workers do not spin with
@@ -142,6 +160,7 @@ class MultiprocessVecEnv(VecEnv):
         spin_s: float = DEFAULT_SPIN_S,
         env_id: str | None = None,
         nonfinite: str = "error",
+        preload: Sequence[str] = (),
     ) -> None:
         check_mode(nonfinite)
         if len(env_fns) < 1:
@@ -168,6 +187,8 @@ class MultiprocessVecEnv(VecEnv):
         self._pollers: list[select.poll] = []
         self._buffers: StepBuffers | None = None
         ctx = mp.get_context(context)
+        if context == "forkserver" and preload:
+            preload_in_forkserver(preload)
         env_vars = dict(os.environ)
         cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
         num_cores = len(cores) if cores is not None else os.cpu_count() or 1

@@ -757,3 +757,47 @@ def test_doorbell_steps_interleave_with_pipe_commands():
         stats = env.handshake_stats()
         assert stats.steps_posted == kinds.count("step") > 10  # chunk steps, resets, calls, renders go pickled
         assert stats.steps_done == (stats.steps_posted,) * 2
+
+
+_PRELOAD_SCRIPT = """
+import os, sys
+import gymnasium as gym
+
+def make():
+    import tests.envs.preload_probe  # what a simulator's env constructor imports
+    return gym.make("CartPole-v1")
+
+if __name__ == "__main__":
+    from envs.multiprocess import MultiprocessVecEnv
+    preload = ("tests.envs.preload_probe",) if sys.argv[1] == "preload" else ()
+    env = MultiprocessVecEnv([make] * 3, num_procs=3, preload=preload)
+    env.reset(seed=0)
+    print(" ".join(str(p) for p in env.pids))
+    env.close()
+"""
+
+
+@pytest.mark.parametrize("preload", [True, False])
+def test_a_preloaded_module_is_imported_once_by_the_forkserver_not_by_each_env_process(tmp_path, preload):
+    """``preload``: the forkserver imports the simulator's modules once and the env processes it
+    forks start with them (ManiSkill: ~4 CPU-s per process otherwise); without it each env process
+    imports them itself. Run in a fresh interpreter: a forkserver takes its preload list when it
+    starts."""
+    import subprocess
+    import sys
+
+    record = tmp_path / "imports.txt"
+    script = tmp_path / "preload_main.py"
+    script.write_text(_PRELOAD_SCRIPT)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PRELOAD_PROBE_FILE": str(record), "PYTHONPATH": str(root)}
+    result = subprocess.run([sys.executable, str(script), "preload" if preload else "plain"], cwd=root, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    workers = set(result.stdout.split())
+    importers = record.read_text().split()
+    assert len(workers) == 3
+    if preload:  # one import, in a process that is none of the env processes (the forkserver)
+        assert len(importers) == 1 and not set(importers) & workers, (importers, workers)
+    else:
+        assert sorted(importers) == sorted(workers)

@@ -42,7 +42,7 @@ def require_maniskill() -> None:
 #: another CPU) a seed's learning curve is another draw, and CartPole's PPO can lose its 500 at the
 #: end of one. The two CartPole learning tests run unplanned (every worker on every core, one
 #: thread each): the same numbers in every run on a machine. Planned runs learn in
-#: test_cartpole_ppo_learns_with_training_beside_the_next_collection and the Reach1D test.
+#: the two Reach1D tests.
 UNPLANNED = ("plan.profile=false",)
 
 
@@ -90,14 +90,24 @@ def test_cartpole_grpo_learns_without_a_critic(tmp_path):
     assert 0.0 <= rows[-1]["grpo/frac_reward_zero_std"] <= 1.0
 
 
+#: Reach1D (tests/pipelines/reach_env.py): a continuous env defined in a test file, random return
+#: about -25, close to the target (> -10) within ~6k steps; a learning test at 20k steps costs the
+#: overhead of a run more than its training.
+REACH = ("gym_ppo", "env.id=tests.pipelines.reach_env:Reach1D", "algo.total_env_steps=20000", "algo.rollout_steps=80",
+         "env.num_envs=8", "logging.wandb=false", "eval.episodes=16")
+
+
 @pytest.mark.slow
 @pytest.mark.learning
-def test_cartpole_ppo_learns_with_training_beside_the_next_collection(tmp_path):
-    run = tmp_path / "cartpole-stale"
-    result = embodied("train", "cartpole_ppo", f"run.dir={run}", "seed=1", "algo.staleness=1", "logging.wandb=false")
+def test_ppo_learns_with_training_beside_the_next_collection(tmp_path):
+    """algo.staleness=1, planned: the trainer trains on the last iteration's samples while the
+    rollout collects the next one with weights one version old, and PPO still learns (train
+    return -25 -> -6.6 and eval -5.3 measured; the same run unstale: -4.4 eval)."""
+    run = tmp_path / "reach-stale"
+    result = embodied("train", *REACH, f"run.dir={run}", "algo.staleness=1")
     assert result.returncode == 0, result.stderr[-3000:]
     s = summary(run)
-    assert s["train/episode_return"] >= 450 and s["eval/episode_return"] >= 450, s
+    assert s["train/episode_return"] > -10 and s["eval/episode_return"] > -10, s
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["weights/lag"] == 1.0
     assert json.loads((run / "plan.json").read_text())["workflow"]["train_overlap"] is True
@@ -107,11 +117,7 @@ def test_cartpole_ppo_learns_with_training_beside_the_next_collection(tmp_path):
 @pytest.mark.learning
 def test_gym_ppo_learns_a_continuous_env_defined_in_a_test_file(tmp_path):
     run = tmp_path / "reach"
-    result = embodied(
-        "train", "gym_ppo", "env.id=tests.pipelines.reach_env:Reach1D", f"run.dir={run}",
-        "algo.total_env_steps=20000", "algo.rollout_steps=80", "env.num_envs=8", "logging.wandb=false",
-        "eval.episodes=16",
-    )
+    result = embodied("train", *REACH, f"run.dir={run}")
     assert result.returncode == 0, result.stderr[-3000:]
     s = summary(run)
     # random: about -25; learned: close to the target quickly (train return -10 by ~6k steps, eval
