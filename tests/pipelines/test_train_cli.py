@@ -54,7 +54,9 @@ def summary(run: Path) -> dict:
 @pytest.mark.learning
 def test_cartpole_ppo_learns_through_the_ray_pipeline(tmp_path):
     run = tmp_path / "cartpole"
-    result = embodied("train", "cartpole_ppo", f"run.dir={run}", "seed=1", *UNPLANNED)
+    # half the recipe's budget (constant lr: the same run up to there): seed 1 trains at 500 from
+    # ~23k env steps on (measured to 100k, unplanned, on the AVX2 EPYC host)
+    result = embodied("train", "cartpole_ppo", f"run.dir={run}", "seed=1", "algo.total_env_steps=50000", *UNPLANNED)
     assert result.returncode == 0, result.stderr[-3000:]
     s = summary(run)
     assert s["train/episode_return"] >= 450, s
