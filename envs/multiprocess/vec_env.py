@@ -54,7 +54,10 @@ def preload_in_forkserver(modules: Sequence[str]) -> None:
     not once per env process (a profile probes five shapes, an evaluation and its video make four
     processes). Takes effect when the forkserver starts (the first env process this process makes
     with the ``forkserver`` start method); later calls add nothing to a running server. Modules that
-    fail to import are skipped by the server; each env process imports what it needs anyway."""
+    fail to import are skipped by the server; each env process imports what it needs anyway. A
+    preloaded module is imported before the worker sets its thread budget (``threads_per_worker``):
+    torch's pools are sized again after the fork (the worker calls ``torch.set_num_threads``), and a
+    simulator's own threads start when its env is built, in the worker."""
     wanted = _PRELOADED | set(modules)
     if wanted != _PRELOADED:
         _PRELOADED.update(wanted)
