@@ -58,9 +58,8 @@ def preload_in_forkserver(modules: Sequence[str]) -> None:
     preloaded module is imported before the worker sets its thread budget (``threads_per_worker``):
     torch's pools are sized again after the fork (the worker calls ``torch.set_num_threads``), and a
     simulator's own threads start when its env is built, in the worker."""
-    wanted = _PRELOADED | set(modules)
-    if wanted != _PRELOADED:
-        _PRELOADED.update(wanted)
+    if not _PRELOADED.issuperset(modules):
+        _PRELOADED.update(modules)
         mp.set_forkserver_preload(sorted(_PRELOADED))
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -760,7 +762,7 @@ def test_doorbell_steps_interleave_with_pipe_commands():
 
 
 _PRELOAD_SCRIPT = """
-import os, sys
+import sys
 import gymnasium as gym
 
 def make():
@@ -783,9 +785,6 @@ def test_a_preloaded_module_is_imported_once_by_the_forkserver_not_by_each_env_p
     forks start with them (ManiSkill: ~4 CPU-s per process otherwise); without it each env process
     imports them itself. Run in a fresh interpreter: a forkserver takes its preload list when it
     starts."""
-    import subprocess
-    import sys
-
     record = tmp_path / "imports.txt"
     script = tmp_path / "preload_main.py"
     script.write_text(_PRELOAD_SCRIPT)
