@@ -9,6 +9,14 @@
 #
 # torch is installed FIRST, as a CPU build where there is no NVIDIA GPU, so that no later
 # `pip install` drags a multi-GB CUDA build onto a CPU machine.
+#
+# The installer is uv (installed into the venv with pip) where it installs: it resolves, downloads,
+# unpacks and byte-compiles in parallel, and a fresh full setup takes ~1 minute instead of pip's
+# ~3.5 on 2 cores, with the same versions (measured: identical `pip freeze`). uv does not read pip's
+# configuration, so the index, extra indexes, find-links and constraints pip is configured with
+# (`pip config list`, PIP_* variables) are passed to it, and it picks the best version across all
+# indexes as pip does. EMBODIED_INSTALLER=pip forces pip; pip is also the fallback when uv cannot
+# be installed.
 set -euo pipefail
 
 VENV="${1:-.venv}"
@@ -36,17 +44,39 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 
+# pip's configured value of KEY (index-url, extra-index-url, find-links, constraint, cert), one
+# per line: the PIP_* variable's if set (it overrides pip's files), else the last file's
+pip_config() {
+  local lines
+  lines="$("$VENV/bin/python" -m pip config list 2>/dev/null | grep -E "^[^=]*\.$1=" || true)"
+  { grep '^:env:' <<<"$lines" || tail -n 1 <<<"$lines"; } | sed "s/^[^=]*=//; s/^'//; s/'\$//" | tr ' ' '\n' | sed '/^$/d'
+}
+
+INSTALL=("${PIP[@]}")
+if [ "${EMBODIED_INSTALLER:-uv}" = uv ] && { [ -x "$VENV/bin/uv" ] || "${PIP[@]}" uv >/dev/null 2>&1; }; then
+  INSTALL=("$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --compile-bytecode --index-strategy unsafe-best-match)
+  while read -r v; do INSTALL+=(--index-url "$v"); done < <(pip_config index-url)
+  while read -r v; do INSTALL+=(--extra-index-url "$v"); done < <(pip_config extra-index-url)
+  while read -r v; do INSTALL+=(--find-links "$v"); done < <(pip_config find-links)
+  while read -r v; do INSTALL+=(--constraint "$v"); done < <(pip_config constraint)
+  CERT="$(pip_config cert)"
+  if [ -n "$CERT" ]; then export SSL_CERT_FILE="$CERT"; fi
+  echo "[setup] installing with uv ($("$VENV/bin/uv" --version))"
+else
+  echo "[setup] installing with pip"
+fi
+
 has_nvidia() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 
 if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   if has_nvidia; then
     echo "[setup] NVIDIA GPU found: installing torch==$TORCH_VERSION (CUDA build)"
-    "${PIP[@]}" "torch==$TORCH_VERSION"
+    "${INSTALL[@]}" "torch==$TORCH_VERSION"
   else
     echo "[setup] no NVIDIA GPU: installing torch==$TORCH_VERSION CPU build first"
-    if ! "${PIP[@]}" "torch==$TORCH_VERSION+cpu" 2>/dev/null; then
+    if ! "${INSTALL[@]}" "torch==$TORCH_VERSION+cpu" 2>/dev/null; then
       INDEX="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
-      if ! "${PIP[@]}" "torch==$TORCH_VERSION" --index-url "$INDEX"; then
+      if ! "${INSTALL[@]}" "torch==$TORCH_VERSION" --index-url "$INDEX"; then
         echo "[setup] could not install a CPU build of torch. Install one yourself, then re-run:" >&2
         echo "    $VENV/bin/pip install torch --index-url $INDEX" >&2
         exit 1
@@ -67,7 +97,7 @@ if [[ ",$EXTRAS," == *",libero,"* ]] && "$VENV/bin/python" -m pip show hf-libero
 fi
 
 echo "[setup] installing embodied[$EXTRAS]"
-"${PIP[@]}" -e ".[$EXTRAS]"
+"${INSTALL[@]}" -e ".[$EXTRAS]"
 
 if [ -n "$REPAIR_LIBERO" ]; then
   "${PIP[@]}" --force-reinstall --no-deps "$LIBERO_PIN"
