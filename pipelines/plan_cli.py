@@ -10,7 +10,6 @@ from pathlib import Path
 
 from embodied.errors import UserError
 from embodied.runtime import Cluster
-from embodied.timeline_plot import plot_timelines
 from pipelines.cli import build_train_config, register_command
 from pipelines.learn import describe_provenance
 from pipelines.workflow import WORKFLOWS
@@ -61,6 +60,8 @@ def cmd_plan(args: list[str]) -> int:
         print(describe_bound(result.bound, baseline.predicted_iteration_s, best.predicted_iteration_s,
                              gap_to_bound(result.best_timeline, result.bound)))
     out = Path(flags.out or f"plan-{cfg.recipe}.png")
+    from embodied.timeline_plot import plot_timelines  # matplotlib: only when drawing
+
     plot_timelines({"sequential (1 chunk, colocated)": base_timeline, f"chosen ({best.mode}, {best.num_chunks} chunks)": result.best_timeline},
                    out, title=f"{cfg.recipe}: one iteration, predicted")
     print(f"timeline: {out}")

@@ -20,17 +20,23 @@ teacher-forced pass over ``[prefix, prompt, tokens[:-1]]`` that computes the sam
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import DynamicCache, LlamaForCausalLM
+from transformers import DynamicCache, LlamaForCausalLM, LlamaModel
 
 from policies.vla.actions import ActionTokenizer
 from policies.vla.config import VLAConfig
 from policies.vla.processor import PromptBatch
 from policies.vla.sampling import Sampler, gather
 from policies.vla.vision import PrismaticProjector, PrismaticVisionBackbone
+
+#: the name under which LlamaModel.forward takes the KV cache: ``cache`` from transformers 5.24
+#: (``past_key_values`` still accepted there with a warning per call, until 5.40), before it
+#: ``past_key_values``
+CACHE_KWARG = "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
 
 
 @dataclass
@@ -133,7 +139,7 @@ class OpenVLA(nn.Module):
         kwargs = {"is_causal": False} if bidirectional else {}
         out = self.llm.model(
             inputs_embeds=inputs.embeds, attention_mask=inputs.mask, position_ids=inputs.positions,
-            past_key_values=cache, use_cache=cache is not None, **kwargs,
+            use_cache=cache is not None, **{CACHE_KWARG: cache}, **kwargs,
         )
         return out.last_hidden_state
 
