@@ -29,10 +29,14 @@ def resume_and_finish(start, run_dir, steps_after: int = 256) -> list[dict]:
     return assert_every_iteration_once(run_dir)
 
 
-def test_kill_9_of_each_kind_of_worker_then_resume(start, tmp_path):
+def test_kill_9_of_each_kind_of_process_then_resume(start, tmp_path):
     """Kill, in turn, the env worker, one of its env processes, the rollout worker and the
     trainer, each mid-run (resuming in between): each ends the run with exit 3 and a paragraph
-    naming the group and the death, leaves no process behind and loses no logged iteration."""
+    naming the group and the death, leaves no process behind and loses no logged iteration.
+    Then kill -9 of the driver: the watchdog stops Ray's processes, the workers and the env
+    processes within seconds (Ray's agents alone would linger for about a minute); the run dir's
+    lock died with the driver, so resume= continues. While it ran, every listening TCP socket of
+    the run was on loopback."""
     run_dir = tmp_path / "run"
     died = "failed: the worker process died (Worker unexpectedly exits with a connection error code 2"
     victims = [  # the call that notices (interact, generate, load_weights, train, ...) depends on timing
@@ -53,18 +57,9 @@ def test_kill_9_of_each_kind_of_worker_then_resume(start, tmp_path):
         assert "Traceback" not in run.terminal
         assert run.leftovers() == [], name
         assert_every_iteration_once(run_dir)
-    rows = resume_and_finish(start, run_dir)
-    assert json.loads((run_dir / "summary.json").read_text())["iterations"] == len(rows)
 
-
-def test_kill_9_of_the_cli_leaves_no_process_and_no_lock(start, tmp_path):
-    """kill -9 of the driver: the watchdog stops Ray's processes, the workers and the env
-    processes within seconds (Ray's agents alone would linger for about a minute); the run dir's
-    lock died with the driver, so resume= continues. While it ran, every listening TCP socket of
-    the run was on loopback."""
-    run_dir = tmp_path / "run"
-    run = start(run_dir, *LONG, f"run.dir={run_dir}")
-    run.wait_rows(2)
+    run = start(run_dir, f"resume={run_dir}")
+    run.wait_rows(len(read_rows(run_dir)) + 2)
     run.record_listening()
     assert run.listening, "no listening socket seen: can psutil see them?"
     assert all(ip in ("127.0.0.1", "::1", "::ffff:127.0.0.1") for _, ip in run.listening), run.listening
@@ -77,27 +72,30 @@ def test_kill_9_of_the_cli_leaves_no_process_and_no_lock(start, tmp_path):
     seconds = time.monotonic() - t0
     print(f"kill -9 of the CLI: every process of the run gone after {seconds:.1f} s")
     assert seconds < 15
-    resume_and_finish(start, run_dir)
+    rows = resume_and_finish(start, run_dir)
+    assert json.loads((run_dir / "summary.json").read_text())["iterations"] == len(rows)
 
 
-@pytest.mark.parametrize("sig, code, to_group", [(signal.SIGINT, 130, True), (signal.SIGTERM, 143, False)])
-def test_sigint_and_sigterm_stop_after_the_iteration_with_a_checkpoint(start, tmp_path, sig, code, to_group):
-    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) or SIGTERM: the run
-    finishes its iteration, saves a checkpoint and summary.json, stops everything and exits
-    130 / 143; resume= continues from that iteration."""
+def test_sigint_then_sigterm_stop_after_the_iteration_with_a_checkpoint(start, tmp_path):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it), then, on the resumed
+    run, SIGTERM to the driver: each time the run finishes its iteration, saves a checkpoint and
+    summary.json, stops everything and exits 130 / 143; resume= continues from that iteration."""
     run_dir = tmp_path / "run"
-    run = start(run_dir, *LONG, f"run.dir={run_dir}")
-    run.wait_rows(2)
-    run.signal_group(sig) if to_group else run.kill(sig=sig)
-    assert run.finish() == code, run.stderr
-    name = signal.Signals(sig).name
-    assert f"{name}: stopping after the current iteration" in run.stderr
-    assert "Traceback" not in run.terminal
-    rows = assert_every_iteration_once(run_dir)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["interrupted"] == name and summary["iterations"] == len(rows)
-    assert iteration_of(latest_checkpoint(run_dir)) == len(rows)  # nothing after the checkpoint to lose
-    assert run.leftovers() == []
+    for i, (sig, code, to_group) in enumerate([(signal.SIGINT, 130, True), (signal.SIGTERM, 143, False)]):
+        run = start(run_dir, *LONG, f"run.dir={run_dir}") if i == 0 else start(run_dir, f"resume={run_dir}")
+        run.wait_rows(len(read_rows(run_dir)) + 2)
+        run.signal_group(sig) if to_group else run.kill(sig=sig)
+        assert run.finish() == code, run.stderr
+        name = signal.Signals(sig).name
+        assert f"{name}: stopping after the current iteration" in run.stderr
+        assert "Traceback" not in run.terminal
+        if i > 0:
+            assert "resumed from" in run.stderr
+        rows = assert_every_iteration_once(run_dir)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["interrupted"] == name and summary["iterations"] == len(rows)
+        assert iteration_of(latest_checkpoint(run_dir)) == len(rows)  # nothing after the checkpoint to lose
+        assert run.leftovers() == []
     resume_and_finish(start, run_dir)
 
 
