@@ -16,7 +16,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -24,9 +23,11 @@ from typing import Any
 
 import psutil
 
+from tests.fresh_cache import fresh_cache
+
 ROOT = Path(__file__).resolve().parents[2]
 #: Profiles measured once for the whole suite.
-CACHE = tempfile.mkdtemp(prefix="embodied-faults-cache-")
+CACHE = fresh_cache("embodied-faults-cache-")
 FAULTY_ENV = "tests.faults.faulty_env:FaultyCartPole"
 #: A tiny CartPole run on the faulty env: 4 envs, 128 env steps per iteration, one eval episode.
 TINY = [

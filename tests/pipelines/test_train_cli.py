@@ -6,14 +6,15 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.fresh_cache import fresh_cache
+
 ROOT = Path(__file__).resolve().parents[2]
-CACHE = tempfile.mkdtemp(prefix="embodied-cache-")  # profiles measured fresh by this test run
+CACHE = fresh_cache()  # profiles measured fresh by this test run
 
 
 def embodied(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:

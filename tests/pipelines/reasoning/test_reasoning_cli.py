@@ -8,14 +8,15 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.fresh_cache import fresh_cache
+
 ROOT = Path(__file__).resolve().parents[3]
-CACHE = tempfile.mkdtemp(prefix="embodied-cache-")  # profiles measured fresh by this test run
+CACHE = fresh_cache()  # profiles measured fresh by this test run
 #: a 5-step SFT of a one-layer model on one-digit sums: seconds, and far from its accuracy target
 TINY_SFT = ["warm_start.sft.steps=5", "warm_start.sft.model.num_layers=1", "warm_start.sft.data.digits=1",
             "warm_start.sft.data.test_size=20", "warm_start.sft.eval_problems=20", "warm_start.sft.val_problems=10",
