@@ -20,19 +20,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import write_result
+from benchmarks.common import cpu_times, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALLERS = ("uv", "pip")
 
 
 def busy_cpu_s() -> float:
-    """CPU-seconds the whole machine has spent busy (``/proc/stat``): an install's child
-    processes (compilers, unpackers, uv's threads) count, which ``resource`` of one process misses."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    user, nice, system, idle, iowait, irq, softirq, steal = fields[:8]
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    """CPU-seconds the whole machine has spent busy (:func:`benchmarks.common.cpu_times`, all but
+    idle and iowait): an install's child processes (compilers, unpackers, uv's threads) count,
+    which ``resource`` of one process misses."""
+    ticks = cpu_times()
+    if ticks is None:
+        raise SystemExit("needs /proc/stat (Linux)")
+    return sum(v for k, v in ticks.items() if k not in ("idle", "iowait")) / os.sysconf("SC_CLK_TCK")
 
 
 def time_setup(installer: str, profile: str) -> dict[str, Any]:

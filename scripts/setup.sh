@@ -45,15 +45,17 @@ fi
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 
 # pip's configured value of KEY (index-url, extra-index-url, find-links, constraint, cert), one
-# per line: the PIP_* variable's if set (it overrides pip's files), else the last file's
+# per line: the PIP_* variable's if set (it overrides pip's files), else the last file's; from
+# one `pip config list` (PIP_CONFIG, read below)
 pip_config() {
   local lines
-  lines="$("$VENV/bin/python" -m pip config list 2>/dev/null | grep -E "^[^=]*\.$1=" || true)"
+  lines="$(grep -E "^[^=]*\.$1=" <<<"$PIP_CONFIG" || true)"
   { grep '^:env:' <<<"$lines" || tail -n 1 <<<"$lines"; } | sed "s/^[^=]*=//; s/^'//; s/'\$//" | tr ' ' '\n' | sed '/^$/d'
 }
 
 INSTALL=("${PIP[@]}")
 if [ "${EMBODIED_INSTALLER:-uv}" = uv ] && { [ -x "$VENV/bin/uv" ] || "${PIP[@]}" uv >/dev/null 2>&1; }; then
+  PIP_CONFIG="$("$VENV/bin/python" -m pip config list 2>/dev/null || true)"
   INSTALL=("$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --compile-bytecode --index-strategy unsafe-best-match)
   while read -r v; do INSTALL+=(--index-url "$v"); done < <(pip_config index-url)
   while read -r v; do INSTALL+=(--extra-index-url "$v"); done < <(pip_config extra-index-url)
