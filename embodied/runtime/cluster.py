@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from embodied import logs
 from embodied.runtime.watchdog import RUN_TOKEN_ENV
@@ -183,7 +183,7 @@ class Cluster:
                 # address="local" and no RAY_ADDRESS: always a new local Ray, never the cluster a
                 # `ray start` on this machine recorded in /tmp/ray/ray_current_cluster (joining one
                 # is cluster.address=auto)
-                with _loopback_only(), _without_env("RAY_ADDRESS"):
+                with _loopback_only(), _lean_head(log_monitor=kwargs["log_to_driver"]), _without_env("RAY_ADDRESS"):
                     ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, _node_ip_address=LOCAL_HOST, **kwargs)
                 node_ip = ray.util.get_node_ip_address()
                 if node_ip != LOCAL_HOST:
@@ -276,6 +276,35 @@ def _loopback_only() -> Iterator[None]:
         yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = before
+
+
+@contextlib.contextmanager
+def _lean_head(log_monitor: bool) -> Iterator[None]:
+    """Start a new local cluster without the processes a one-machine run does not use.
+
+    ``ray.init`` starts, beside the GCS and the raylet, an autoscaler monitor (nothing to scale on
+    a local cluster) and a log monitor (it streams the workers' output to the driver, which a run
+    with a run dir does not ask for: every worker writes its own log). Each is a Python process;
+    together they cost 1.5-2.2 CPU-s and ~1 s of ``ray.init`` per run on a 2-core host (measured
+    per process from /proc on a tiny run and a bare ``ray.init``). ``ray start`` has these switches (``--no-monitor``); ``ray.init`` builds
+    its ``RayParams`` without them, so inside this block its defaults change. Only the start of a
+    new local cluster runs in it; ``tests/embodied/test_reliability_ray.py`` checks the processes
+    that come up on every Ray upgrade."""
+    from ray._private import parameter
+
+    original = parameter.RayParams
+
+    class LeanRayParams(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("no_monitor", True)
+            kwargs.setdefault("include_log_monitor", log_monitor)
+            super().__init__(*args, **kwargs)
+
+    parameter.RayParams = LeanRayParams
+    try:
+        yield
+    finally:
+        parameter.RayParams = original
 
 
 @contextlib.contextmanager

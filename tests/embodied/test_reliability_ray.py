@@ -173,6 +173,7 @@ FRESH_CLUSTER = textwrap.dedent("""
             procs = [me] + me.children(recursive=True)
             pids = {p.pid: p.name() for p in procs}
             out["processes"] = sorted(set(pids.values()))
+            out["cmdlines"] = [" ".join(p.cmdline()) for p in procs]
             out["listening"] = sorted(
                 {(pids[c.pid], c.laddr.ip) for c in psutil.net_connections(kind="inet")
                  if c.pid in pids and c.status == psutil.CONN_LISTEN})
@@ -220,6 +221,8 @@ def test_a_fresh_local_ray_listens_on_loopback_only_and_keeps_the_terminal_quiet
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert {"gcs_server", "raylet", "ray::EnvWorker"} <= set(out["processes"])
+    # a run dir (no log streaming to the driver) and one machine: no log monitor, no autoscaler monitor
+    assert not [c for c in out["cmdlines"] if "log_monitor.py" in c or "autoscaler/_private/monitor.py" in c], out["cmdlines"]
     assert out["listening"], "no listening socket found: is psutil able to see them?"
     for name, ip in out["listening"]:
         assert ip in ("127.0.0.1", "::1", "::ffff:127.0.0.1"), f"{name} listens on {ip}"
