@@ -16,8 +16,13 @@ class ChannelTimeout(TimeoutError):
     """No message arrived on a channel key within the timeout."""
 
 
+class ChannelClosed(RuntimeError):
+    """The receiving rank's group was shut down while a ``get`` waited on one of its channels."""
+
+
 class Mailbox:
     def __init__(self) -> None:
+        self._closed: str | None = None
         self._cond = threading.Condition()
         self._queues: dict[tuple[str, Any], deque] = defaultdict(deque)
         self._held: dict[tuple[str, Any, str], dict[int, Any]] = defaultdict(dict)
@@ -44,6 +49,8 @@ class Mailbox:
         with self._cond:
             queue = self._queues[(channel, key)]
             while len(queue) < want:
+                if self._closed is not None:
+                    raise ChannelClosed(f"channel {channel!r} key {key!r}: {self._closed}")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     sender = f"worker group {source}" if source else "the worker that sends on it"
@@ -58,6 +65,12 @@ class Mailbox:
             items = [queue.popleft() for _ in range(want)]
         return items[0] if n is None else items
 
+    def close(self, reason: str) -> None:
+        """Wake every waiting ``get`` (and fail later ones) with :class:`ChannelClosed` saying ``reason``."""
+        with self._cond:
+            self._closed = reason
+            self._cond.notify_all()
+
 
 _MAILBOXES: dict[tuple[str, int], Mailbox] = {}
 _LOCK = threading.Lock()
@@ -66,6 +79,17 @@ _LOCK = threading.Lock()
 def register_mailbox(group: str, rank: int, mailbox: Mailbox) -> None:
     with _LOCK:
         _MAILBOXES[(group, rank)] = mailbox
+
+
+def close_mailbox(group: str, rank: int, mailbox: Mailbox, reason: str) -> None:
+    """Close ``mailbox``, that of ``group[rank]`` in this process, whose group shut down: a thread
+    blocked in one of its channel ``get`` calls ends now instead of at its timeout, which would
+    otherwise keep the process alive that long (the interpreter joins those threads at exit). The
+    name is freed only if a newer rank has not taken it."""
+    with _LOCK:
+        if _MAILBOXES.get((group, rank)) is mailbox:
+            del _MAILBOXES[(group, rank)]
+    mailbox.close(reason)
 
 
 def local_mailbox(group: str, rank: int) -> Mailbox | None:

@@ -38,7 +38,7 @@ from typing import Any, Generic, TypeVar
 from embodied import logs
 from embodied.errors import EnvError, ExitCode, UserError, WorkerFailure, exit_code_of, first_paragraph, storage_error
 from embodied.runtime.cluster import Cluster
-from embodied.runtime.mailbox import Mailbox, register_mailbox
+from embodied.runtime.mailbox import Mailbox, close_mailbox, register_mailbox
 
 W = TypeVar("W", bound="Worker")
 
@@ -649,7 +649,10 @@ class WorkerGroup(Generic[W]):
             for h in self._hosts:
                 ray.kill(h)
         else:
-            for ex in self._executors:
+            for rank, ex in enumerate(self._executors):
+                mailbox = getattr(getattr(self._hosts[rank], "worker", None), "mailbox", None) if rank < len(self._hosts) else None
+                if mailbox is not None:  # wake a rank blocked in a channel get (it would wait out its timeout)
+                    close_mailbox(self.name, rank, mailbox, f"worker group {self.name} was shut down")
                 ex.shutdown(wait=False, cancel_futures=True)
         self._hosts = []
 

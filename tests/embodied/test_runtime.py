@@ -238,6 +238,21 @@ def test_channel_get_times_out_instead_of_hanging(cluster):
     consumers.shutdown()
 
 
+def test_shutting_down_a_local_group_ends_a_get_that_waits():
+    """On the local backend a rank's calls run in a thread, which the interpreter joins at exit: a
+    rank left blocked in a channel get by a failure elsewhere would keep the program alive for the
+    get's whole timeout. Shutting its group down ends the get at once."""
+    with Cluster(ClusterConfig(backend="local", timeout_s=60)) as c:
+        consumers = WorkerGroup(c, Consumer, 1, name="sink")
+        waiting = consumers.consume(Channel("never", consumers), [0], 1)
+        time.sleep(0.2)  # the rank is in its get
+        t0 = time.monotonic()
+        consumers.shutdown()
+        with pytest.raises(WorkerError, match="ChannelClosed: channel 'never' key 0: worker group sink was shut down"):
+            waiting.wait(timeout_s=10)
+        assert time.monotonic() - t0 < 2.0
+
+
 def test_every_wait_names_its_seconds_and_config_key():
     """A call waits up to cluster.timeout_s, a phase (as_phase) up to cluster.phase_timeout_s, a
     channel message up to cluster.timeout_s (a phase-long message: phase_timeout_s); each
