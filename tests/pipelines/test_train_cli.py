@@ -46,6 +46,11 @@ def require_maniskill() -> None:
 #: first (~10 CPU-s for a small env, ~35 for ManiSkill). A planned run learns in the staleness
 #: test (training beside the next collection is a plan), and the default recipe runs as planned.
 UNPLANNED = ("plan.profile=false",)
+#: Learning tests whose subject is an algorithm or an env feature, not Ray: the same worker classes
+#: on the local backend (threads of the CLI process), ~25 CPU-s of Ray processes less per run. The
+#: Ray pipeline learns in test_cartpole_ppo_learns_through_the_ray_pipeline; GRPO's episodic
+#: collection over Ray ranks is in tests/pipelines/test_streams.py.
+LOCAL = ("cluster.backend=local",)
 
 
 def summary(run: Path) -> dict:
@@ -85,7 +90,7 @@ def test_cartpole_ppo_learns_through_the_ray_pipeline(tmp_path):
 @pytest.mark.learning
 def test_cartpole_grpo_learns_without_a_critic(tmp_path):
     run = tmp_path / "cartpole-grpo"
-    result = embodied("train", "cartpole_grpo", f"run.dir={run}", "seed=1", "logging.wandb=false", *UNPLANNED)
+    result = embodied("train", "cartpole_grpo", f"run.dir={run}", "seed=1", "logging.wandb=false", *UNPLANNED, *LOCAL)
     assert result.returncode == 0, result.stderr[-3000:]
     s = summary(run)
     assert s["eval/episode_return"] >= 450, s
@@ -219,7 +224,7 @@ def test_ppo_trains_on_an_isaac_style_batched_torch_env(tmp_path):
     result = embodied(
         "train", "gym_ppo", "env.id=tests.envs.batched_pointmass:BatchedPointMass", "env.num_envs=64",
         "algo.total_env_steps=120000", "algo.rollout_steps=32", "algo.epochs=4", "algo.num_minibatches=4",
-        "policy.normalize_obs=false", f"run.dir={run}", "logging.wandb=false", "eval.episodes=64", *UNPLANNED,
+        "policy.normalize_obs=false", f"run.dir={run}", "logging.wandb=false", "eval.episodes=64", *UNPLANNED, *LOCAL,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     s = summary(run)
@@ -394,7 +399,7 @@ def test_ppo_learns_with_action_chunks(tmp_path):
     result = embodied(
         "train", "gym_ppo", "env.id=tests.pipelines.reach_env:Reach1D", f"run.dir={run}", "policy.action_chunk=4",
         "algo.total_env_steps=24000", "algo.rollout_steps=20", "env.num_envs=8", "logging.wandb=false",
-        "eval.episodes=16", *UNPLANNED,
+        "eval.episodes=16", *UNPLANNED, *LOCAL,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     s = summary(run)
