@@ -22,9 +22,13 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
-    """A finished 4-iteration run with a checkpoint after every iteration (3 kept)."""
+    """A finished 4-iteration run with a checkpoint after every iteration (3 kept). On the local
+    backend (its config.yaml keeps it for the resumes): what these tests check is the run dir and
+    its checkpoints, which the driver writes on either backend; a full disk and two trainers on a
+    dir run on Ray below."""
     run_dir = tmp_path_factory.mktemp("finished") / "run"
-    result = cli("train", *TINY, f"run.dir={run_dir}", "algo.total_env_steps=512", "checkpoint.every=1")
+    result = cli("train", *TINY, f"run.dir={run_dir}", "algo.total_env_steps=512", "checkpoint.every=1",
+                 "cluster.backend=local")
     assert result.returncode == 0, result.stderr
     return run_dir
 
