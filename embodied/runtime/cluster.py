@@ -286,10 +286,11 @@ def _lean_head(log_monitor: bool) -> Iterator[None]:
     a local cluster) and a log monitor (it streams the workers' output to the driver, which a run
     with a run dir does not ask for: every worker writes its own log). Each is a Python process;
     together they cost 1.5-2.2 CPU-s and ~1 s of ``ray.init`` per run on a 2-core host (measured
-    per process from /proc on a tiny run and a bare ``ray.init``). ``ray start`` has these switches (``--no-monitor``); ``ray.init`` builds
-    its ``RayParams`` without them, so inside this block its defaults change. Only the start of a
-    new local cluster runs in it; ``tests/embodied/test_reliability_ray.py`` checks the processes
-    that come up on every Ray upgrade."""
+    per process from /proc on a tiny run and on a bare ``ray.init``). ``ray start`` has switches
+    for both (``--no-monitor``, ``--include-log-monitor``); ``ray.init`` builds its ``RayParams``
+    without them, so inside this block their defaults change. Only the start of a new local
+    cluster runs in it; ``tests/embodied/test_reliability_ray.py`` checks which processes come up
+    on every Ray upgrade."""
     from ray._private import parameter
 
     original = parameter.RayParams

@@ -650,9 +650,11 @@ class WorkerGroup(Generic[W]):
                 ray.kill(h)
         else:
             for rank, ex in enumerate(self._executors):
-                mailbox = getattr(getattr(self._hosts[rank], "worker", None), "mailbox", None) if rank < len(self._hosts) else None
-                if mailbox is not None:  # wake a rank blocked in a channel get (it would wait out its timeout)
-                    close_mailbox(self.name, rank, mailbox, f"worker group {self.name} was shut down")
+                # wake a rank blocked in a channel get: its thread would keep the process alive until
+                # the get times out (a rank whose constructor failed has no worker, so no mailbox)
+                worker = getattr(self._hosts[rank], "worker", None) if rank < len(self._hosts) else None
+                if worker is not None:
+                    close_mailbox(self.name, rank, worker.mailbox, f"worker group {self.name} was shut down")
                 ex.shutdown(wait=False, cancel_futures=True)
         self._hosts = []
 
