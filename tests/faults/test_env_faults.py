@@ -67,9 +67,9 @@ def test_an_env_whose_reset_raises_while_profiled_is_named(start, tmp_path):
 ])
 def test_nan_or_inf_from_the_env_is_the_envs_error_not_the_policys(start, tmp_path, fault, backend, what):
     """The env worker steps its 4 envs in 2 chunks: env 3 is env 1 of the second chunk, and the
-    message names it as env index 3. The env in the env worker's own process runs on the local
-    backend (the workers in the driver: the check is in the env chunks, not in Ray; the other
-    tests here fail through Ray workers)."""
+    message names it as env index 3. The inprocess case (the envs inside the env worker) runs on
+    the local backend, the workers as threads of the driver: the check is in the env chunks, not in
+    Ray; the multiprocess case and the other tests here fail through Ray workers."""
     local = ["cluster.backend=local"] if backend == "inprocess" else []
     run = injected(start, tmp_path, fault, f"env.backend={backend}", "env.num_procs=1", "plan.chunks=2", *local,
                    env_index=3)
