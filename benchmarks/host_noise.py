@@ -5,9 +5,10 @@ Each block resets the recipe's vectorized env with the same seed and steps it wi
 random actions (``--steps`` batch steps; by default the recipe's ``algo.rollout_steps``), so every
 block simulates the same physics: any difference in its time is the machine's. Each of
 ``--processes`` fresh Python processes builds the env once (its worker processes, as the recipe
-runs them) and times ``--blocks`` blocks; around every block it records the env processes' CPU
-seconds, the share of CPU time the hypervisor stole (``/proc/stat``) and the one-thread
-reference workload (``benchmarks.common.host_reference_s``).
+runs them) and times ``--blocks`` blocks; around every block it records the env's CPU seconds
+(its worker processes' and this process's, which drives them), the share of CPU time the
+hypervisor stole (``/proc/stat``) and the one-thread reference workload
+(``benchmarks.common.host_reference_s``).
 
 What it is for: the M2Flow sweep (``benchmarks.m2flow_sweep``) prices a plan from calibration
 iterations and measures it minutes later in workers built afresh. No prediction can hold closer
