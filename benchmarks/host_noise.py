@@ -145,6 +145,8 @@ def _spawn(args: argparse.Namespace, index: int) -> list[dict[str, float]]:
     if done.returncode != 0:
         raise RuntimeError(f"process {index} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     rows = [json.loads(line[len(_MARK):]) for line in done.stdout.splitlines() if line.startswith(_MARK)]
+    if len(rows) != args.blocks:
+        raise RuntimeError(f"process {index} reported {len(rows)} of {args.blocks} blocks:\n{done.stdout[-3000:]}")
     for b, row in enumerate(rows):
         print(f"  process {index} block {b}: {row['wall_s']:.3f} s, env CPU {row['env_cpu_s']:.2f} s, "
               f"reference {row['reference_s'] * 1e3:.0f} ms, steal {100 * (row['steal'] or 0):.1f}%", flush=True)
@@ -186,8 +188,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.child:
         _child(args)
         return {}
-    if args.processes < 1 or args.blocks < 1:
-        parser.error("--processes and --blocks must be >= 1")
+    if args.processes < 1 or args.blocks < 1 or (args.steps is not None and args.steps < 1):
+        parser.error("--processes, --blocks and --steps must be >= 1")
     start, load_before = time.perf_counter(), os.getloadavg()
     print(f"host noise: {args.recipe}, {args.processes} fresh processes x {args.blocks} identical blocks", flush=True)
     processes = [_spawn(args, i) for i in range(args.processes)]

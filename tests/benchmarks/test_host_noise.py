@@ -35,3 +35,8 @@ def test_cartpole_blocks_in_fresh_processes_simulate_the_same_physics(tmp_path, 
     stored = json.loads((tmp_path / "t.json").read_text())
     assert stored["summary"] == result["summary"] and (tmp_path / "t.png").stat().st_size > 0
     assert stored["command"].startswith("python -m benchmarks.host_noise --recipe cartpole_ppo")
+
+
+def test_sizes_below_one_are_refused():
+    with pytest.raises(SystemExit):
+        host_noise.main(["--steps", "0"])
