@@ -70,6 +70,7 @@ def _job(name: str, core: int, recipe: str, envs: int, calls: int, start: Any, o
         call = lambda: timed("matmul", lambda: a @ b)  # noqa: E731
         calls *= 10
     else:
+        from envs.base import random_actions
         from envs.registry import make_vec_env
         from pipelines.collect import to_torch
         from policies.registry import build_policy
@@ -80,10 +81,6 @@ def _job(name: str, core: int, recipe: str, envs: int, calls: int, start: Any, o
         space = env.action_space
         rng = np.random.default_rng(0)
 
-        def random_actions() -> np.ndarray:
-            if hasattr(space, "low"):
-                return rng.uniform(space.low, space.high, size=(envs, *space.shape)).astype(np.float32)
-            return rng.integers(0, space.n, size=envs)
 
         policy = build_policy(cfg.policy, env.observation_space, space).eval()
 
@@ -94,7 +91,7 @@ def _job(name: str, core: int, recipe: str, envs: int, calls: int, start: Any, o
 
         if name == "env":
             def call() -> None:
-                actions = random_actions()
+                actions = random_actions(space, (envs,), rng)
                 timed("env", lambda: env.step(actions))
         elif name == "rollout":
             env.close()

@@ -50,6 +50,7 @@ def run_blocks(recipe: str, blocks: int, steps: int | None, overrides: Sequence[
     import numpy as np
 
     from benchmarks.env_throughput import process_cpu_s
+    from envs.base import random_actions
     from envs.registry import make_vec_env
     from envs.vulkan import ensure_vulkan_env
     from pipelines.cli import build_train_config
@@ -59,7 +60,7 @@ def run_blocks(recipe: str, blocks: int, steps: int | None, overrides: Sequence[
     steps = steps or cfg.algo.rollout_steps
     env = make_vec_env(cfg.env, seed=cfg.seed)
     try:
-        actions = _actions(env.action_space, steps, env.num_envs)
+        actions = random_actions(env.action_space, (steps, env.num_envs), np.random.default_rng(0))
         pids = list(getattr(env, "pids", ()))
         rows = []
         for _ in range(blocks):
@@ -81,19 +82,6 @@ def run_blocks(recipe: str, blocks: int, steps: int | None, overrides: Sequence[
         return rows
     finally:
         env.close()
-
-
-def _actions(space: Any, steps: int, num_envs: int) -> Any:
-    """``steps`` batches of seeded random actions of one env's ``space`` (Box or Discrete)."""
-    import gymnasium as gym
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    if isinstance(space, gym.spaces.Box):
-        return rng.uniform(space.low, space.high, (steps, num_envs, *space.shape)).astype(space.dtype)
-    if isinstance(space, gym.spaces.Discrete):
-        return space.start + rng.integers(0, space.n, (steps, num_envs))
-    raise ValueError(f"host_noise steps Box and Discrete action spaces, not {space}")
 
 
 def _arrays(obs: Any) -> list[Any]:

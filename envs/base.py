@@ -225,6 +225,16 @@ def env_seeds(seed: int | Sequence[int] | None, num_envs: int) -> list[int | Non
     return seeds
 
 
+def random_actions(space: gym.Space, lead: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Uniform random actions of one env's ``space`` with leading dims ``lead`` (e.g. ``(num_envs,)``
+    or ``(steps, num_envs)``): float32 in a Box's bounds, integers of a Discrete."""
+    if hasattr(space, "low"):
+        return rng.uniform(space.low, space.high, size=(*lead, *space.shape)).astype(np.float32)
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.start) + rng.integers(0, space.n, size=lead)
+    raise TypeError(f"random actions of a Box or a Discrete space, not {space}")
+
+
 def to_numpy(x: Array) -> np.ndarray:
     """A numpy view of ``x`` (torch tensors are moved to CPU)."""
     if isinstance(x, np.ndarray):

@@ -34,7 +34,7 @@ from embodied.errors import UserError
 from embodied.offload import Offloader
 from embodied.profiler import Probe, cache_key, hardware_fingerprint, load_cached, store_cached, time_call
 from embodied.runtime import Channel, Cluster, RankResources, Worker, WorkerGroup, WorkerTimeout, wait_all
-from envs.base import to_numpy
+from envs.base import random_actions, to_numpy
 from envs.multiprocess import THREAD_ENV_VARS, MultiprocessVecEnv
 from envs.registry import make_vec_env
 from embodied.algorithms import build_algorithm, build_optimizer
@@ -254,10 +254,7 @@ class EnvProbe:
             def step() -> float:
                 """Seconds of one env step and its message to the rollout (what the env worker
                 does per call); then the policy's turn, untimed."""
-                if hasattr(space, "low"):
-                    actions = rng.uniform(space.low, space.high, size=(*lead, *space.shape)).astype(np.float32)
-                else:
-                    actions = rng.integers(0, space.n, size=lead)
+                actions = random_actions(space, lead, rng)
                 t0 = time.perf_counter()
                 result = env.step(actions) if chunk == 1 else env.chunk_step(actions)
                 out = env_output(result, instructions)

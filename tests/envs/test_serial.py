@@ -277,3 +277,16 @@ def test_the_finite_check_costs_microseconds_not_a_loop_per_value():
     obs[7, 3] = np.inf
     mask, what = bad_rows({"observation 'state'": obs, "reward": reward}, 64)
     assert mask.tolist() == [i == 7 for i in range(64)] and what == {7: "observation 'state' holds +inf"}
+
+
+def test_random_actions_cover_box_bounds_and_discrete_values():
+    from envs.base import random_actions
+
+    rng = np.random.default_rng(0)
+    box = random_actions(gym.spaces.Box(np.array([-1.0, 2.0]), np.array([1.0, 3.0])), (5, 4), rng)
+    assert box.shape == (5, 4, 2) and box.dtype == np.float32
+    assert (box[..., 0] >= -1).all() and (box[..., 0] <= 1).all() and (box[..., 1] >= 2).all() and (box[..., 1] <= 3).all()
+    discrete = random_actions(gym.spaces.Discrete(3, start=2), (200,), rng)
+    assert set(discrete.tolist()) == {2, 3, 4}
+    with pytest.raises(TypeError, match="Box or a Discrete"):
+        random_actions(gym.spaces.MultiBinary(2), (1,), rng)
