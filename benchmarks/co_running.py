@@ -80,8 +80,6 @@ def _job(name: str, core: int, recipe: str, envs: int, calls: int, start: Any, o
         obs = env.reset(seed=0)
         space = env.action_space
         rng = np.random.default_rng(0)
-
-
         policy = build_policy(cfg.policy, env.observation_space, space).eval()
 
         def infer(observation: Any) -> np.ndarray:
