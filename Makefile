@@ -10,7 +10,8 @@ PYTEST_ARGS ?=
 # finish in about half the time of one (JOBS=1: one process, in collection order)
 JOBS ?= 2
 # `make test` leaves out what `make test-learning` runs: learning demonstrations of several minutes
-# (the tiny VLA's PPO), which would take the suite past its 30 minutes on a slow host (MARKS= : all)
+# (the tiny VLA's PPO, the tiny reasoning model's GRPO), which would take the suite past its 30 minutes on a
+# slow host (MARKS= : all)
 MARKS ?= not long_learning
 
 .PHONY: train test test-heavy test-learning setup setup-train bench lint clean
@@ -31,7 +32,8 @@ test: setup
 test-heavy: setup
 	$(VENV)/bin/python -m pytest -n $(JOBS) --dist loadgroup -m "heavy and $(MARKS)" $(PYTEST_ARGS)
 
-# only the long learning demonstrations (a behaviour-cloned tiny OpenVLA raised by PPO: ~9 min)
+# only the long learning demonstrations (a behaviour-cloned tiny OpenVLA raised by PPO, ~9 min; the tiny
+# reasoning model raised by GRPO, ~3 min)
 test-learning: setup
 	$(VENV)/bin/python -m pytest -n $(JOBS) --dist loadgroup -m long_learning $(PYTEST_ARGS)
 

@@ -99,6 +99,7 @@ def test_plan_command_plans_the_reasoning_workflow(tmp_path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.learning
+@pytest.mark.long_learning  # make test-learning: ~3 minutes of the suite's 30
 def test_grpo_raises_the_tiny_models_held_out_accuracy(tmp_path) -> None:
     """The recipe as shipped (the calibrated, cached SFT warm start; Ray workers; the planner's plan),
     cut to 100 GRPO iterations: greedy and sampled accuracy on the same 500 held-out problems rise.
