@@ -40,13 +40,13 @@ from embodied.config import to_dict
 from embodied.profiler import Probe, cache_key, load_cached
 from embodied.runtime import Channel, Cluster, wait_all
 from embodied.seeding import RngStream
-from pipelines.planning import fit_threads, prefer_simple, probe_transfer, store_profile
+from pipelines.planning import Echo, fit_threads, prefer_simple, probe_transfer, store_profile
 from pipelines.reasoning.config import ReasoningConfig
 from pipelines.reasoning.data import PromptRecord
 from pipelines.reasoning.prompts import PromptReader, chunk_prompts
 from pipelines.reasoning.rollout import ROLLOUT_BACKENDS
 from pipelines.reasoning.samples import GeneratedChunk
-from pipelines.reasoning.workers import start_groups
+from pipelines.reasoning.workers import RewardWorker, RolloutWorker, start_groups
 from pipelines.workers import Pinning
 from pipelines.workflow import Layout, cpu_resources
 from scheduler import (
@@ -182,8 +182,8 @@ def profile_reasoning(cfg: ReasoningConfig, prompts: list[PromptRecord], cluster
         sample = GeneratedChunk.of(chunk, backend.generate([d.record.prompt for d in chunk.draws], samples=G), G,
                                    cfg.data.max_prompt_length, backend.pad_token_id, 0, 0.0)
     sample_mib = _sample_mib(sample)
-    measured = probe_workers(cfg, prompts, cluster, cores, log)
-    latency_s, s_per_mib = probe_transfer(cluster, sample_mib * max(_sample_sizes(cfg)), log)
+    measured = probe_workers(cfg, prompts, cluster, cores, log, message_mib=sample_mib * max(_sample_sizes(cfg)))
+    latency_s, s_per_mib = measured.transfer
     weights_mib = measured.weights_mib
     # the driver's two calls of a weight sync, less the message the planner prices apart
     sync_s = max(0.0, measured.sync_s - latency_s - weights_mib * s_per_mib)
@@ -215,11 +215,21 @@ def probe_layouts(cores: int) -> dict[int, dict[str, tuple[int, ...]]]:
     return layouts
 
 
+class RolloutProbeWorker(RolloutWorker, Echo):
+    """The rollout worker as profiled; it also serves the message probe (:class:`Echo`) to the
+    reward's worker: the two processes that pass the responses in a run."""
+
+
+class RewardProbeWorker(RewardWorker, Echo):
+    """The reward worker as profiled; it also bounces the message probe's messages."""
+
+
 @dataclasses.dataclass
 class WorkerProbes:
     """What :func:`probe_workers` measured: samples ``(responses, threads, seconds per call)`` of the
     rollout's ``generate``, the reward's ``score`` and the trainer's ``train``; the seconds of a
-    weight sync as the driver pays it, one offload and onload of the trainer, the weights' MiB."""
+    weight sync as the driver pays it, one offload and onload of the trainer, the weights' MiB, and
+    ``(latency_s, s_per_mib)`` of a message from the rollout's worker to the reward's."""
 
     rollout: Probe
     reward: Probe
@@ -228,10 +238,11 @@ class WorkerProbes:
     offload_s: float
     onload_s: float
     weights_mib: float
+    transfer: tuple[float, float]
 
 
 def probe_workers(cfg: ReasoningConfig, prompts: list[PromptRecord], cluster: Cluster, cores: int,
-                  log: Callable[[str], None] = print) -> WorkerProbes:
+                  log: Callable[[str], None] = print, message_mib: float = 1.0) -> WorkerProbes:
     """Time the workers a run builds (:func:`~pipelines.reasoning.workers.start_groups`) on their
     own calls, pinned as the plans pin them: per thread count of :func:`probe_layouts` and per size
     of :func:`_sample_sizes`, rounds of an iteration's phases one after the other: the weight sync
@@ -239,7 +250,9 @@ def probe_workers(cfg: ReasoningConfig, prompts: list[PromptRecord], cluster: Cl
     chunk of that many responses, ``score`` of it, ``train`` on it (at sizes of whole minibatches).
     Each sample is the median of ``PROBE_REPEATS`` rounds after an untimed one; the thread counts
     take turns round by round (load from other processes falls on both alike). One more round
-    with the trainer offloading between phases times its context switch.
+    with the trainer offloading between phases times its context switch. Then the message probe
+    (:func:`~pipelines.planning.probe_transfer`, up to ``message_mib``) between the rollout's and
+    the reward's workers, where each group has one rank (else between two workers started for it).
 
     Timing the model in the driver missed what the workers pay in a run (docs/reasoning.md)."""
     G = cfg.algo.group_size
@@ -250,7 +263,8 @@ def probe_workers(cfg: ReasoningConfig, prompts: list[PromptRecord], cluster: Cl
     def pin(threads: int) -> dict[str, Pinning]:
         return {c: Pinning(placed, 1 if c == "reward" else threads) for c, placed in layouts[threads].items()}
 
-    rollout, reward, trainer = start_groups(cluster, cfg, pin(1), False, prefix="profile-")
+    rollout, reward, trainer = start_groups(cluster, cfg, pin(1), False, prefix="profile-",
+                                            rollout_cls=RolloutProbeWorker, reward_cls=RewardProbeWorker)
     probes = {"rollout": Probe("rollout"), "reward": Probe("reward", scaling_exponent=0.0), "trainer": Probe("trainer")}
     sync: list[float] = []
     rounds = 0
@@ -301,6 +315,8 @@ def probe_workers(cfg: ReasoningConfig, prompts: list[PromptRecord], cluster: Cl
         trainer.call("configure", pin(1)["trainer"], True).wait()  # its context switch, as a plan offloads it
         switch = one_round(max(s for s in _sample_sizes(cfg) if s % mb == 0))
         payload = trainer.call("export_weights").result()
+        ends = (rollout, reward) if rollout.num_ranks == reward.num_ranks == 1 else None
+        transfer = probe_transfer(cluster, message_mib, log, ends)
     finally:
         for group in (rollout, reward):
             group.call("close").wait(timeout_s=30)
@@ -310,7 +326,8 @@ def probe_workers(cfg: ReasoningConfig, prompts: list[PromptRecord], cluster: Cl
     sync_s = statistics.median(sync)
     log(f"  weight sync: {payload.nbytes / MIB:.2f} MiB exported and loaded in {sync_s * 1e3:.1f} ms (the driver's calls)")
     return WorkerProbes(probes["rollout"], probes["reward"], probes["trainer"], sync_s,
-                        switch.get("offload/offload_s", 0.0), switch.get("offload/onload_s", 0.0), payload.nbytes / MIB)
+                        switch.get("offload/offload_s", 0.0), switch.get("offload/onload_s", 0.0), payload.nbytes / MIB,
+                        transfer)
 
 
 def per_minibatch(probe: Probe, minibatch: int) -> None:

@@ -267,16 +267,19 @@ def merge_update_stats(updates: list[tuple[int, dict[str, float]]]) -> dict[str,
 
 
 def start_groups(cluster: Cluster, cfg: ReasoningConfig, pin: dict[str, Pinning], offload_trainer: bool,
-                 prefix: str = "") -> tuple[WorkerGroup, WorkerGroup, WorkerGroup]:
+                 prefix: str = "", rollout_cls: type[RolloutWorker] = RolloutWorker,
+                 reward_cls: type[RewardWorker] = RewardWorker) -> tuple[WorkerGroup, WorkerGroup, WorkerGroup]:
     """The rollout, reward and trainer groups of ``cfg`` (``workers.*`` ranks, devices and Ray CPU
     reservations), each pinned as ``pin[component]`` says: what a run builds, and what the probes
-    of ``pipelines/reasoning/planning.py`` time (``prefix``: a name prefix for their groups)."""
+    of ``pipelines/reasoning/planning.py`` time (``prefix``: a name prefix for their groups;
+    ``rollout_cls``, ``reward_cls``: subclasses of :class:`RolloutWorker` and :class:`RewardWorker`
+    to start instead, as the probes do)."""
     w = cfg.workers
     gpu = lambda device: 1.0 if device.startswith("cuda") else 0.0  # noqa: E731
     env = lambda threads: {k: str(threads) for k in THREAD_ENV}  # noqa: E731
-    rollout = WorkerGroup(cluster, RolloutWorker, w.rollout, cfg, pin["rollout"], name=f"{prefix}rollout",
+    rollout = WorkerGroup(cluster, rollout_cls, w.rollout, cfg, pin["rollout"], name=f"{prefix}rollout",
                           resources=RankResources(w.rollout_cpus, gpu(w.rollout_device), env(w.rollout_threads)))
-    reward = WorkerGroup(cluster, RewardWorker, w.reward, cfg, pin["reward"], name=f"{prefix}reward",
+    reward = WorkerGroup(cluster, reward_cls, w.reward, cfg, pin["reward"], name=f"{prefix}reward",
                          resources=RankResources(w.reward_cpus, 0.0, env(1)))
     trainer = WorkerGroup(cluster, TrainerWorker, 1, cfg, pin["trainer"], offload_trainer, name=f"{prefix}trainer",
                           resources=RankResources(w.trainer_cpus, gpu(w.trainer_device), env(w.trainer_threads)))

@@ -382,6 +382,7 @@ def test_maniskill_batched_backend_trains_through_the_pipeline(tmp_path):
         "train", f"run.dir={run}", "env.backend=batched", "env.num_envs=1", "algo.rollout_steps=50",
         "algo.total_env_steps=200", "eval.episodes=2", "eval.num_envs=1", "eval.every=0", "logging.wandb=false",
         *UNPLANNED,  # the default recipe's test profiles ManiSkill
+        *LOCAL,  # its subject is the backend (the default recipe's test runs ManiSkill on Ray)
     )
     assert result.returncode == 0, result.stderr[-3000:]
     s = summary(run)
