@@ -10,8 +10,8 @@ PYTEST_ARGS ?=
 # finish in about half the time of one (JOBS=1: one process, in collection order)
 JOBS ?= 2
 # `make test` leaves out what `make test-learning` runs: learning demonstrations of several minutes
-# (the tiny VLA's PPO, the tiny reasoning model's GRPO), which would take the suite past its 30 minutes on a
-# slow host (MARKS= : all)
+# (the tiny VLA's PPO, the tiny reasoning model's GRPO), which would take the suite past its 30
+# minutes on a slow host (MARKS= : all)
 MARKS ?= not long_learning
 
 .PHONY: train test test-heavy test-learning setup setup-train bench lint clean
