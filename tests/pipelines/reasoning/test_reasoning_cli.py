@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,9 @@ def test_plan_command_plans_the_reasoning_workflow(tmp_path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert "workflow: 32 prompts x 8 responses" in result.stdout
     assert "predicted_s" in result.stdout and "chosen:" in result.stdout and "lower bound for any plan:" in result.stdout
+    # the message probe ran between two worker processes on Ray and timed something
+    latency = re.search(r"message latency ([0-9.]+) ms, ([0-9.]+) ms/MiB", result.stdout + result.stderr)
+    assert latency and float(latency[1]) > 0, result.stdout[-2000:]
     assert out.stat().st_size > 10_000
     saved = json.loads(data.read_text())
     assert 0 < saved["bound"]["iteration_s"] <= saved["plan"]["predicted_iteration_s"] <= saved["sequential"]["predicted_iteration_s"]
