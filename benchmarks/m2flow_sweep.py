@@ -7,8 +7,10 @@ within ``plan.calibrate`` of the recipe's iterations; the plan a run settles on 
 prediction). Then build the workers of *every* candidate plan of the planner's table (each
 distinct placement, chunk count, offload set and micro-batch, up to ``--max-chunks`` chunks; the
 sequential plan always) afresh and run ``--warmup`` untimed then ``--iterations`` timed training
-iterations of it (more until they took 0.5 s, as calibration measures a plan: an episodic
-iteration that ended early counts its own seconds, not the full iteration's it stands for),
+iterations of it (more until they took ``--measure-s`` seconds, 3 by default: CartPole's 0.15 s
+iterations on a host whose speed wanders put two plans 7% apart on 0.5 s of them, calibration's
+measure; an episodic iteration that ended early counts its own seconds, not the full iteration's
+it stands for; each row reports how well its median is known, its relative standard error),
 re-planning off. Per recipe it reports each candidate's predicted (probes alone,
 and corrected by calibration) and measured seconds per iteration (an episodic GRPO iteration ends
 once its episodes are over, sooner while the policy is young: each is predicted as it ran, at the
@@ -34,6 +36,7 @@ docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +49,7 @@ from benchmarks.common import RESULTS, command_of, host_window, write_result
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster
 from pipelines.config import EmbodiedConfig
-from pipelines.calibrate import MAX_ITERATIONS, MEASURE_S, Calibrated
+from pipelines.calibrate import MAX_ITERATIONS, MEASURE_S, Calibrated, relative_standard_error
 from pipelines.embodied import EmbodiedWorkflow
 from pipelines.planning import plan_embodied, profile_embodied, resources_of, workflow_of
 from pipelines.recipes import load_recipe
@@ -82,6 +85,9 @@ SWEEP_RECIPES = (
 QUICK_RECIPES = ("cartpole_ppo", "cartpole_grpo")
 #: every run of the sweep: measured as planned (no re-planning, no learning into the cache)
 FIXED = ("plan.replan_threshold=0", "plan.learn=false", "logging.tensorboard=false", "logging.wandb=false")
+#: seconds of timed iterations per plan, and the most iterations they may take (``--quick``:
+#: calibration's own, :data:`~pipelines.calibrate.MEASURE_S` and ``MAX_ITERATIONS``)
+SWEEP_MEASURE_S, SWEEP_MAX_ITERATIONS = 3.0, 40
 
 
 def describe(plan: Plan) -> str:
@@ -116,11 +122,12 @@ def calibrate(cfg: EmbodiedConfig, cluster: Cluster) -> tuple[Calibrated | None,
 
 
 def measure(cfg: EmbodiedConfig, cluster: Cluster, profile: Profile, plan: Plan, warmup: int,
-            iterations: int) -> tuple[list[float], list[float]]:
+            iterations: int, measure_s: float = MEASURE_S,
+            max_iterations: int = MAX_ITERATIONS) -> tuple[list[float], list[float]]:
     """Seconds of at least ``iterations`` training iterations (after ``warmup``) under exactly
-    ``plan``, more until they took :data:`~pipelines.calibrate.MEASURE_S` seconds (short iterations
-    are noisy; as calibration measures, at most ``MAX_ITERATIONS``), and each one's predicted share
-    of a full iteration (1.0 unless an episodic iteration ended early:
+    ``plan``, more until they took ``measure_s`` seconds (short iterations are noisy; by default as
+    calibration measures), at most ``max_iterations``, and each one's predicted share of a full
+    iteration (1.0 unless an episodic iteration ended early:
     :meth:`~pipelines.workflow.Workflow.shape_scale`)."""
     workflow = EmbodiedWorkflow(cfg)
     runner = Runner(cfg, None, workflow)
@@ -131,7 +138,7 @@ def measure(cfg: EmbodiedConfig, cluster: Cluster, profile: Profile, plan: Plan,
         times, scales = [], []
         for _ in range(warmup):
             runner.step()
-        while len(times) < iterations or (sum(times) < MEASURE_S and len(times) < MAX_ITERATIONS):
+        while len(times) < iterations or (sum(times) < measure_s and len(times) < max_iterations):
             metrics = runner.step()
             times.append(metrics["time/iteration_s"])
             scales.append(workflow.shape_scale(plan, profile, metrics))
@@ -169,7 +176,8 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
         for i, p in enumerate(plans):
             predicted = corrected.get(p.key(), p.predicted_iteration_s)
             with host_window() as host:
-                times, scales = measure(cfg, cluster, profile, p, args.warmup, args.iterations)
+                times, scales = measure(cfg, cluster, profile, p, args.warmup, args.iterations, args.measure_s,
+                                        args.max_iterations)
             measured, scale = statistics.median(times), statistics.median(scales)
             # > 1: the host ran the fixed workload slower now than while calibration measured
             host_drift = host["reference_s"] / calibration_host["reference_s"]
@@ -181,6 +189,8 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
                 # predictions for the iterations as they ran (an episodic one may end early: scale < 1)
                 "profiled_s": p.predicted_iteration_s * scale, "predicted_s": predicted * scale,
                 "measured_s": measured, "measured_all_s": times, "shape_scales": scales,
+                # how well the median is known: its standard error over it (from the spread)
+                "measured_rse": relative_standard_error(times),
                 # what a full iteration measures (an early-ended one divided by its shape scale): the
                 # unit plans are compared in and the bound is in
                 "measured_full_s": statistics.median(t / sc for t, sc in zip(times, scales)),
@@ -235,6 +245,9 @@ def summarize(rows: list[dict[str, Any]], bound_s: float | None, calibration_ite
         # per full iteration (the unit of the comparisons and the bound)
         "chosen_full_s": chosen["measured_full_s"], "best_full_s": best["measured_full_s"],
         "chosen_over_best": chosen["measured_full_s"] / best["measured_full_s"],
+        # how well that ratio is known: the two medians' relative standard errors combined (None
+        # where the choice is the best, or for rows without them)
+        "chosen_over_best_rse": _ratio_rse(chosen, best),
         "first_choice": first["plan"], "first_choice_profiled_error": first["profiled_error"],
         "first_choice_over_best": first["measured_full_s"] / best["measured_full_s"],
         "calibration_iterations": calibration_iterations,
@@ -248,11 +261,18 @@ def summarize(rows: list[dict[str, Any]], bound_s: float | None, calibration_ite
     }
 
 
+def _ratio_rse(a: dict[str, Any], b: dict[str, Any]) -> float | None:
+    """The relative standard error of ``a``'s median over ``b``'s (independent measurements)."""
+    if a is b or a.get("measured_rse") is None or b.get("measured_rse") is None:
+        return None
+    return math.hypot(a["measured_rse"], b["measured_rse"])
+
+
 def table(results: list[dict[str, Any]]) -> str:
     """The markdown table of docs/benchmarks.md: one row per recipe."""
     lines = ["| recipe | plan a run settles on | predicted s | measured s | error (host speed vs calibration's: error at "
              "its speed) | probes' first choice (error) "
-             "| full iteration s | best (plan) | choice vs best | sequential s | bound s | gap captured "
+             "| full iteration s | best (plan) | choice vs best (+- its standard error) | sequential s | bound s | gap captured "
              "| calibration its |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
@@ -263,10 +283,13 @@ def table(results: list[dict[str, Any]]) -> str:
         err = f"{100 * s['chosen_error']:+.1f}%"
         if s.get("chosen_host_drift") is not None:  # sweeps since the host reference was timed
             err += f" (host x{s['chosen_host_drift']:.2f}: {100 * s['chosen_error_at_calibration_speed']:+.1f}%)"
+        vs_best = f"{100 * (s['chosen_over_best'] - 1):+.1f}%"
+        if s.get("chosen_over_best_rse") is not None and math.isfinite(s["chosen_over_best_rse"]):
+            vs_best += f" (+-{100 * s['chosen_over_best_rse']:.1f}%)"
         lines.append(f"| {r['label']} | {s['chosen']} | {chosen['predicted_s']:.3f} | {s['chosen_measured_s']:.3f} "
                      f"| {err} | {s['first_choice']} ({100 * s['first_choice_profiled_error']:+.1f}%) "
                      f"| {s['chosen_full_s']:.3f} | {s['best_full_s']:.3f} ({s['best']}) "
-                     f"| {100 * (s['chosen_over_best'] - 1):+.1f}% | {s['sequential_full_s']:.3f} | {bound} "
+                     f"| {vs_best} | {s['sequential_full_s']:.3f} | {bound} "
                      f"| {captured} | {s['calibration_iterations']} |")
     return "\n".join(lines)
 
@@ -306,6 +329,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--recipes", nargs="+", default=None, help="recipe names or paths (default: all of the sweep)")
     parser.add_argument("--iterations", type=int, default=None, help="timed iterations per plan (default 3; quick 1)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed iterations per plan first")
+    parser.add_argument("--measure-s", type=float, default=None,
+                        help=f"time each plan at least this many seconds (default {SWEEP_MEASURE_S}; quick: {MEASURE_S}, as calibration)")
+    parser.add_argument("--max-iterations", type=int, default=None,
+                        help=f"at most this many timed iterations per plan (default {SWEEP_MAX_ITERATIONS}; quick {MAX_ITERATIONS})")
     parser.add_argument("--max-chunks", type=int, default=None, help="largest chunk count measured (default 4; quick 2)")
     parser.add_argument("--quick", action="store_true", help="tiny settings and the two CartPole recipes: a correctness check")
     parser.add_argument("--reprofile", action="store_true", help="measure the profiles again (do it on a quiet machine)")
@@ -314,6 +341,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     args.iterations = args.iterations or (1 if args.quick else 3)
     args.max_chunks = args.max_chunks or (2 if args.quick else 4)
+    args.measure_s = args.measure_s if args.measure_s is not None else (MEASURE_S if args.quick else SWEEP_MEASURE_S)
+    args.max_iterations = args.max_iterations or (MAX_ITERATIONS if args.quick else SWEEP_MAX_ITERATIONS)
     name = args.name or ("m2flow_sweep_quick" if args.quick else "m2flow_sweep")
     known = {Path(e.recipe).name.removesuffix(".yaml"): e for e in SWEEP_RECIPES}
     wanted = args.recipes or (QUICK_RECIPES if args.quick else [Path(e.recipe).name.removesuffix(".yaml") for e in SWEEP_RECIPES])
@@ -326,7 +355,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {
         "benchmark": "m2flow_sweep",
         "command": command_of("m2flow_sweep", argv),
-        "settings": {"iterations": args.iterations, "warmup": args.warmup, "max_chunks": args.max_chunks, "quick": args.quick},
+        "settings": {"iterations": args.iterations, "warmup": args.warmup, "max_chunks": args.max_chunks, "quick": args.quick,
+                     "measure_s": args.measure_s, "max_iterations": args.max_iterations},
         "recipes": results,
         "table_md": md,
         "png": png.name,

@@ -60,6 +60,26 @@ def test_table_reports_choice_vs_best_and_the_gap_captured():
                                    "(hybrid 3ch) | +6.7% | 2.000 | 1.200 | 50% | 6 |")
 
 
+def test_choice_vs_best_carries_its_standard_error():
+    """Two plans a few percent apart on iterations that spread: the table says how well the ratio
+    is known, from each median's relative standard error."""
+    from pipelines.calibrate import relative_standard_error
+    chosen_times, best_times = [0.14, 0.15, 0.18, 0.18], [0.14, 0.15, 0.16, 0.19]
+    rows = [
+        _row("streams 2ch", 0.15, chosen_times, [1.0] * 4, chosen=True, sequential=True, first_choice=True,
+             measured_rse=relative_standard_error(chosen_times)),
+        _row("colocated 2ch", 0.19, best_times, [1.0] * 4, measured_rse=relative_standard_error(best_times)),
+    ]
+    summary = sweep.summarize(rows, bound_s=None, calibration_iterations=6)
+    assert summary["best"] == "colocated 2ch" and summary["chosen_over_best"] == pytest.approx(0.165 / 0.155)
+    expected = (rows[0]["measured_rse"] ** 2 + rows[1]["measured_rse"] ** 2) ** 0.5
+    assert summary["chosen_over_best_rse"] == pytest.approx(expected) and expected > 0.05
+    assert f"| +6.5% (+-{100 * expected:.1f}%) |" in sweep.table([{"label": "toy", "candidates": rows, "summary": summary}])
+    # the choice measured best: nothing to qualify
+    rows[1]["measured_full_s"] = 0.2
+    assert sweep.summarize(rows, bound_s=None, calibration_iterations=6)["chosen_over_best_rse"] is None
+
+
 def test_the_host_drift_is_reported_beside_the_error():
     """The chosen plan measured while the host ran a fixed workload 1.25x slower than during
     calibration: the error stays the verdict, the error at calibration's speed stands beside it."""
@@ -115,5 +135,6 @@ def test_quick_sweep_measures_every_candidate_of_a_recipe(tmp_path, monkeypatch)
     # the host's speed timed beside calibration and every measurement
     assert summary["calibration_host_reference_s"] > 0 and all(r["host_reference_s"] > 0 and r["host_drift"] > 0 for r in rows)
     assert all(r["host_steal"] is None or 0 <= r["host_steal"] <= 1 for r in rows)
+    assert all(r["measured_rse"] >= 0 for r in rows if len(r["measured_all_s"]) > 1)
     saved = json.loads((tmp_path / "m2flow_sweep_quick.json").read_text())
     assert saved["table_md"].count("\n") == 2 and (tmp_path / "m2flow_sweep_quick.png").stat().st_size > 0
