@@ -10,7 +10,8 @@ sequential plan always) afresh and run ``--warmup`` untimed then ``--iterations`
 iterations of it (more until they took ``--measure-s`` seconds, 3 by default: CartPole's 0.15 s
 iterations on a host whose speed wanders put two plans 7% apart on 0.5 s of them, calibration's
 measure; an episodic iteration that ended early counts its own seconds, not the full iteration's
-it stands for; each row reports how well its median is known, its relative standard error),
+it stands for; each row reports how well its median is known, its relative standard error,
+and where its iterations' seconds went: collection, simulator and policy calls, the update),
 re-planning off. Per recipe it reports each candidate's predicted (probes alone,
 and corrected by calibration) and measured seconds per iteration (an episodic GRPO iteration ends
 once its episodes are over, sooner while the policy is young: each is predicted as it ran, at the
@@ -36,6 +37,7 @@ docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
@@ -49,9 +51,10 @@ from benchmarks.common import RESULTS, command_of, host_window, write_result
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster
 from pipelines.config import EmbodiedConfig
-from pipelines.calibrate import MAX_ITERATIONS, MEASURE_S, Calibrated, relative_standard_error
+from pipelines.calibrate import MAX_ITERATIONS, MEASURE_S, Calibrated, Calibrator, relative_standard_error
 from pipelines.embodied import EmbodiedWorkflow
 from pipelines.planning import plan_embodied, profile_embodied, resources_of, workflow_of
+from pipelines.replan import rescale
 from pipelines.recipes import load_recipe
 from pipelines.runner import Runner
 from scheduler import Plan, Profile, sequential_plan
@@ -88,6 +91,9 @@ FIXED = ("plan.replan_threshold=0", "plan.learn=false", "logging.tensorboard=fal
 #: seconds of timed iterations per plan, and the most iterations they may take (``--quick``:
 #: calibration's own, :data:`~pipelines.calibrate.MEASURE_S` and ``MAX_ITERATIONS``)
 SWEEP_MEASURE_S, SWEEP_MAX_ITERATIONS = 3.0, 40
+#: where an iteration's seconds went, as the workflow reports them: collection (and its
+#: simulator's and policy's own seconds per call, averaged over ranks), the update
+PARTS = ("time/rollout_s", "time/sim_s", "time/infer_s", "time/train_s")
 
 
 def describe(plan: Plan) -> str:
@@ -108,49 +114,46 @@ def candidates(result: Any, sequential: Plan, max_chunks: int) -> list[Plan]:
     return list(out.values())
 
 
-def calibrate(cfg: EmbodiedConfig, cluster: Cluster) -> tuple[Calibrated | None, int]:
+def calibrate(cfg: EmbodiedConfig, cluster: Cluster) -> tuple[Calibrated | None, Calibrator, int]:
     """Profile (cached), plan and calibrate as a run of ``cfg`` does; what calibration settled on
-    (None when the run is too short to calibrate) and the iterations it took."""
+    (None when the run is too short to calibrate), the calibrator (each candidate's correction)
+    and the iterations it took."""
     workflow = EmbodiedWorkflow(cfg)
     runner = Runner(cfg, None, workflow)
     runner.start(cluster)
     try:
         iterations = runner.settle()
-        return runner.calibrated, iterations
+        return runner.calibrated, runner.calibrator, iterations
     finally:
         workflow.close()
 
 
 def measure(cfg: EmbodiedConfig, cluster: Cluster, profile: Profile, plan: Plan, warmup: int,
             iterations: int, measure_s: float = MEASURE_S,
-            max_iterations: int = MAX_ITERATIONS) -> tuple[list[float], list[float]]:
-    """Seconds of at least ``iterations`` training iterations (after ``warmup``) under exactly
+            max_iterations: int = MAX_ITERATIONS) -> list[dict[str, Any]]:
+    """The metrics of at least ``iterations`` training iterations (after ``warmup``) under exactly
     ``plan``, more until they took ``measure_s`` seconds (short iterations are noisy; by default as
-    calibration measures), at most ``max_iterations``, and each one's predicted share of a full
-    iteration (1.0 unless an episodic iteration ended early:
-    :meth:`~pipelines.workflow.Workflow.shape_scale`)."""
+    calibration measures), at most ``max_iterations``."""
     workflow = EmbodiedWorkflow(cfg)
     runner = Runner(cfg, None, workflow)
     workflow.machine(cluster)
     layout = workflow.layout_of(plan)
     workflow.build(cluster, layout, profile)
     try:
-        times, scales = [], []
+        ran: list[dict[str, Any]] = []
         for _ in range(warmup):
             runner.step()
-        while len(times) < iterations or (sum(times) < measure_s and len(times) < max_iterations):
-            metrics = runner.step()
-            times.append(metrics["time/iteration_s"])
-            scales.append(workflow.shape_scale(plan, profile, metrics))
-        return times, scales
+        while len(ran) < iterations or (sum(m["time/iteration_s"] for m in ran) < measure_s and len(ran) < max_iterations):
+            ran.append(runner.step())
+        return ran
     finally:
         workflow.close()
 
 
-def error(predicted_full: float, times: list[float], scales: list[float]) -> float:
-    """Median relative error of the prediction for each iteration as it ran (the full iteration's
-    prediction times the iteration's shape scale) against its measured seconds."""
-    return statistics.median((predicted_full * s - t) / t for t, s in zip(times, scales))
+def error(predicted: list[float], times: list[float]) -> float:
+    """Median relative error of each iteration's prediction (for the iteration as it ran) against
+    its measured seconds."""
+    return statistics.median((p - t) / t for p, t in zip(predicted, times))
 
 
 def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]:
@@ -162,9 +165,11 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
         profile = profile_embodied(cfg, cluster, force=args.reprofile, log=lambda line: None)
         result = plan_embodied(cfg, profile)
         workflow, resources = workflow_of(cfg), resources_of(cfg)
+        pricing = EmbodiedWorkflow(cfg)  # prices iterations as they ran (the runtime's workflow, not the planner's)
+        pricing.machine(cluster)
         sequential = sequential_plan(workflow, resources, profile)
         with host_window() as calibration_host:  # the host's speed while calibration measured
-            calibrated, calibration_iterations = calibrate(cfg, cluster)
+            calibrated, calibrator, calibration_iterations = calibrate(cfg, cluster)
         chosen_plan = calibrated.plan if calibrated is not None else result.best
         corrected = {p.key(): s for p, s in calibrated.predictions} if calibrated is not None else {}
         if calibrated is not None:
@@ -176,9 +181,19 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
         for i, p in enumerate(plans):
             predicted = corrected.get(p.key(), p.predicted_iteration_s)
             with host_window() as host:
-                times, scales = measure(cfg, cluster, profile, p, args.warmup, args.iterations, args.measure_s,
-                                        args.max_iterations)
-            measured, scale = statistics.median(times), statistics.median(scales)
+                ran = measure(cfg, cluster, profile, p, args.warmup, args.iterations, args.measure_s, args.max_iterations)
+            times = [m["time/iteration_s"] for m in ran]
+            scales = [pricing.shape_scale(p, profile, m) for m in ran]
+            parts = [{k.removeprefix("time/"): m[k] for k in PARTS if m.get(k) is not None} for m in ran]
+            # each iteration's prediction as it ran (an episodic one may end early;
+            # Workflow.predicted_as_ran): on the profile rescaled by the per-call factors
+            # calibration priced the plan with, plus its runtime residual per iteration
+            correction = calibrator.correction(p) if calibrated is not None else None
+            priced_on = rescale(profile, correction[0]) if correction is not None else profile
+            corrected_plan = dataclasses.replace(p, predicted_iteration_s=predicted)
+            profiled_as_ran = [pricing.predicted_as_ran(p, profile, m) for m in ran]
+            predicted_as_ran = [pricing.predicted_as_ran(corrected_plan, priced_on, m) for m in ran]
+            measured = statistics.median(times)
             # > 1: the host ran the fixed workload slower now than while calibration measured
             host_drift = host["reference_s"] / calibration_host["reference_s"]
             steal = host["steal"]
@@ -187,21 +202,23 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
                 "placement": {c: list(d) for c, d in p.placement.items()}, "offload": list(p.offload),
                 "train_microbatch": p.train_microbatch,
                 # predictions for the iterations as they ran (an episodic one may end early: scale < 1)
-                "profiled_s": p.predicted_iteration_s * scale, "predicted_s": predicted * scale,
+                "profiled_s": statistics.median(profiled_as_ran), "predicted_s": statistics.median(predicted_as_ran),
                 "measured_s": measured, "measured_all_s": times, "shape_scales": scales,
                 # how well the median is known: its standard error over it (from the spread)
                 "measured_rse": relative_standard_error(times),
+                # the median seconds of each part of an iteration (collection, simulator, policy, update)
+                "measured_parts_s": {k: statistics.median(x[k] for x in parts) for k in parts[0] if all(k in x for x in parts)},
                 # what a full iteration measures (an early-ended one divided by its shape scale): the
                 # unit plans are compared in and the bound is in
                 "measured_full_s": statistics.median(t / sc for t, sc in zip(times, scales)),
-                "profiled_error": error(p.predicted_iteration_s, times, scales),
-                "error": error(predicted, times, scales),
+                "profiled_error": error(profiled_as_ran, times),
+                "error": error(predicted_as_ran, times),
                 "host_reference_s": host["reference_s"], "host_drift": host_drift,
                 # the share of the CPU time the hypervisor took while this plan was measured (VMs)
                 "host_steal": steal,
                 # the error had the host run as fast as while calibration measured: the prediction
                 # scaled by the drift (a diagnostic beside the error, which stays the verdict)
-                "error_at_calibration_speed": error(predicted * host_drift, times, scales),
+                "error_at_calibration_speed": error([x * host_drift for x in predicted_as_ran], times),
                 "calibrated": calibrated is not None and any(m.plan.key() == p.key() for m in calibrated.measurements),
                 "chosen": p.key() == chosen_plan.key(), "first_choice": p.key() == result.best.key(),
                 "sequential": p.key() == sequential.key(),

@@ -104,12 +104,14 @@ class Measurement:
     plan: Plan
     """The candidate as the planner priced it from the profile."""
     iteration_s: float
-    """Median measured seconds per iteration (an episodic iteration that ended early counted as
-    the full one it stands for, :meth:`Workflow.shape_scale`)."""
+    """Measured seconds of a full iteration: the simulation of a full one at the measured per-call
+    factors plus the residual (equal to the median measured iteration unless an episodic one ended
+    early: then what the full one it stands for takes)."""
     factors: dict[str, float]
     """Component -> median measured / profiled seconds per call under this plan."""
     residual_s: float
-    """Measured seconds per iteration beyond the planner's prediction from the rescaled profile."""
+    """Measured seconds per iteration beyond the planner's prediction from the rescaled profile for
+    that iteration's shape (the median over the measured iterations)."""
     iterations: tuple[int, ...]
     """The run's iterations (1-based) it was measured on."""
 
@@ -190,6 +192,16 @@ class Calibrator:
         component's factor from the measured plan that ran it most like ``plan`` does, the
         runtime residual from the measured plan most like ``plan`` (None before any plan is
         measured)."""
+        correction = self.correction(plan)
+        if correction is None:
+            return None
+        factors, residual = correction
+        return self._predict(plan, factors) + residual
+
+    def correction(self, plan: Plan) -> tuple[dict[str, float], float] | None:
+        """What :meth:`corrected` prices ``plan`` with: each component's per-call factor (from the
+        measured plan that ran it most like ``plan`` does) and the runtime's seconds per iteration
+        (from the measured plan most like ``plan``); None before any plan is measured."""
         model = self._closest(plan)
         if model is None:
             return None
@@ -198,7 +210,7 @@ class Calibrator:
             source = self._ran_alike(plan, component)
             if component in source.factors:
                 factors[component] = source.factors[component]
-        return self._predict(plan, factors) + model.residual_s
+        return factors, model.residual_s
 
     def observe(self, iteration: int, metrics: dict[str, Any], layout: Layout) -> CalibrationStep | None:
         """Record iteration ``iteration`` (1-based, run under ``layout``); returns the layout to
@@ -229,9 +241,12 @@ class Calibrator:
         return CalibrationStep(self.workflow.layout_of(settled.plan), settled)
 
     # --- internals ---------------------------------------------------------------------------------
-    def _predict(self, plan: Plan, factors: dict[str, float]) -> float:
+    def _predict(self, plan: Plan, factors: dict[str, float], metrics: dict[str, Any] | None = None) -> float:
+        """``plan``'s simulated seconds at the per-call ``factors``: of a full iteration, or with
+        ``metrics`` of the iteration they describe (an episodic one may end early)."""
         assert self.profile is not None
-        seconds, _ = predict(plan, rescale(self.profile, factors), self.workflow.planner_workflow(), self.workflow.resources())
+        seconds, _ = predict(plan, rescale(self.profile, factors), self.workflow.planner_workflow(metrics),
+                             self.workflow.resources())
         return seconds
 
     def _measure(self, plan: Plan, layout: Layout, samples: list[tuple[int, dict[str, Any]]]) -> Measurement:
@@ -239,8 +254,13 @@ class Calibrator:
         per_call = [self.workflow.measured_factors(self.profile, layout, m) for _, m in samples]
         names = sorted({n for f in per_call for n in f})
         factors = {n: statistics.median(f[n] for f in per_call if n in f) for n in names}
-        seconds = statistics.median(self._full_s(plan, m) for _, m in samples)
-        residual = seconds - self._predict(plan, factors)
+        # the runtime's own seconds: what each iteration took beyond the simulation of its own
+        # shape at the measured per-call costs. Every iteration pays them, however early an
+        # episodic one ended (driver calls, weight sync, metrics): a young GRPO policy's iterations
+        # are a fifth of a full one, and their residual counted as a fifth of a full one's had
+        # priced CartPole GRPO's later iterations 22-24% above what they took.
+        residual = statistics.median(m["time/iteration_s"] - self._predict(plan, factors, m) for _, m in samples)
+        seconds = self._predict(plan, factors) + residual
         return Measurement(plan, seconds, factors, residual, tuple(i for i, _ in samples))
 
     def _full_s(self, plan: Plan, metrics: dict[str, Any]) -> float:

@@ -205,7 +205,7 @@ class EmbodiedWorkflow(Workflow):
     # --- running -----------------------------------------------------------------------------------
     def build(self, cluster: Cluster, layout: Layout, profile: Profile | None) -> None:
         cfg, w = self.cfg, self.cfg.workers
-        self.layout, self.profile_ = layout, profile
+        self.layout, self.profile_, self.priced_on = layout, profile, profile
         pins = self._pinnings(layout, profile)
         requests = self._checked_requests(cluster, layout)
         self.cluster_ = cluster
@@ -390,8 +390,8 @@ class EmbodiedWorkflow(Workflow):
             "offload/rollout_onload_s": float(np.mean([o["onload_s"] for o in roll_out])) if "onload_s" in roll_out[0] else None,
             **stats,
         }
-        if self.profile_ is not None:  # the prediction for the iteration as it ran (episodic: it may end early)
-            predicted = plan.predicted_iteration_s * self.shape_scale(plan, self.profile_, metrics)
+        if self.priced_on is not None:  # the prediction for the iteration as it ran (episodic: it may end early)
+            predicted = self.predicted_as_ran(plan, self.priced_on, metrics)
             metrics["plan/predicted_iteration_s"] = predicted
             if "time/train_s" in stats:
                 metrics["plan/measured_over_predicted"] = metrics["time/iteration_s"] / predicted

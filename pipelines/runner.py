@@ -272,7 +272,7 @@ class Runner:
         step = self.calibrator.observe(self.iteration, metrics, self.layout)
         if step is None:
             return
-        self.workflow.switch(step.layout)
+        self.workflow.switch(step.layout, step.settled.profile if step.settled is not None else None)
         self.layout = step.layout
         if step.settled is not None:
             self.profile = step.settled.profile
@@ -299,7 +299,7 @@ class Runner:
         if outcome is None:
             return
         self.profile = outcome.profile
-        self.workflow.switch(outcome.layout)
+        self.workflow.switch(outcome.layout, outcome.profile)
         self.layout = outcome.layout
         if outcome.reason:
             LOG.info(f"[m2flow] {outcome.reason}")

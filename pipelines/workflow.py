@@ -50,6 +50,7 @@ class Workflow(ABC):
         self.cfg = cfg
         self.machine_: Machine | None = None
         self.layout: Layout | None = None  # what the workers run (set by build and apply)
+        self.priced_on: Profile | None = None  # the profile the running plan's prediction is priced on
         # (plan key, planner workflow) -> (the profile it was priced on, predicted seconds)
         self._predictions: dict[tuple, tuple[Profile, float]] = {}
 
@@ -118,6 +119,18 @@ class Workflow(ABC):
             return 1.0
         return self._predicted_s(plan, profile, shaped) / self._predicted_s(plan, profile, full)
 
+    def predicted_as_ran(self, plan: Plan, profile: Profile, metrics: dict[str, Any]) -> float:
+        """``plan``'s predicted seconds for the iteration ``metrics`` describe: the simulation of
+        that iteration's shape on ``profile`` (the one ``plan`` was priced on), plus what ``plan``'s
+        prediction holds beyond the simulation of a full iteration (calibration's runtime residual:
+        seconds every iteration pays, however early it ended; 0 for a plan priced by the planner).
+        A full iteration: ``plan.predicted_iteration_s``."""
+        shaped, full = self.planner_workflow(metrics), self.planner_workflow()
+        if shaped == full:
+            return plan.predicted_iteration_s
+        beyond = plan.predicted_iteration_s - self._predicted_s(plan, profile, full)
+        return self._predicted_s(plan, profile, shaped) + beyond
+
     def _predicted_s(self, plan: Plan, profile: Profile, workflow: PlannerWorkflow) -> float:
         """``plan``'s simulated seconds for ``workflow`` on ``profile`` (cached: a long iteration's
         simulation is not free, and a run asks once per iteration)."""
@@ -153,9 +166,13 @@ class Workflow(ABC):
     def apply(self, layout: Layout) -> None:
         """Reconfigure the running workers for a new layout (between iterations)."""
 
-    def switch(self, layout: Layout) -> None:
+    def switch(self, layout: Layout, profile: Profile | None = None) -> None:
         """Run ``layout`` from the next iteration: reconfigure the workers (:meth:`apply`) when its
-        micro flow differs from the one running, else only take its plan's new prediction."""
+        micro flow differs from the one running, else only take its plan's new prediction.
+        ``profile``: the one that prediction was priced on (calibration's or re-planning's,
+        rescaled by measured costs), for :meth:`predicted_as_ran`."""
+        if profile is not None:
+            self.priced_on = profile
         if self.layout is not None and self.layout.plan.key() == layout.plan.key():
             self.layout = layout
         else:

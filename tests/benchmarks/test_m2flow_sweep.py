@@ -85,7 +85,7 @@ def test_the_host_drift_is_reported_beside_the_error():
     calibration: the error stays the verdict, the error at calibration's speed stands beside it."""
     chosen = _row("hybrid 2ch", 1.0, [1.25], [1.0], chosen=True, sequential=True, first_choice=True)
     chosen.update(host_reference_s=0.125, host_drift=1.25,
-                  error_at_calibration_speed=sweep.error(1.0 * 1.25, [1.25], [1.0]))
+                  error_at_calibration_speed=sweep.error([1.0 * 1.25], [1.25]))
     summary = sweep.summarize([chosen], bound_s=None, calibration_iterations=2)
     assert summary["chosen_error"] == pytest.approx(-0.2) and summary["chosen_error_at_calibration_speed"] == pytest.approx(0.0)
     md = sweep.table([{"label": "toy", "candidates": [chosen], "summary": summary}])
@@ -136,5 +136,9 @@ def test_quick_sweep_measures_every_candidate_of_a_recipe(tmp_path, monkeypatch)
     assert summary["calibration_host_reference_s"] > 0 and all(r["host_reference_s"] > 0 and r["host_drift"] > 0 for r in rows)
     assert all(r["host_steal"] is None or 0 <= r["host_steal"] <= 1 for r in rows)
     assert all(r["measured_rse"] >= 0 for r in rows if len(r["measured_all_s"]) > 1)
+    # where each plan's iteration went: collection and the update, each within the iteration
+    for r in rows:
+        parts = r["measured_parts_s"]
+        assert 0 < parts["rollout_s"] < r["measured_s"] and 0 < parts["train_s"] < r["measured_s"], parts
     saved = json.loads((tmp_path / "m2flow_sweep_quick.json").read_text())
     assert saved["table_md"].count("\n") == 2 and (tmp_path / "m2flow_sweep_quick.png").stat().st_size > 0

@@ -7,6 +7,8 @@ iteration; the calibrator sees only the metrics an iteration reports.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from embodied.config import apply_overrides
@@ -278,3 +280,37 @@ def test_a_noisy_host_gets_longer_measurements_within_the_budget():
     steady = Pipeline(workflow, profile, {}, runtime_s=0.02)
     *_, quiet, _ = _settled(steady, share=0.5, iterations_left=100)
     assert len(quiet.measurements[0].iterations) == iterations_for(quiet.measurements[0].iteration_s)
+
+
+def test_the_runtime_residual_is_paid_per_iteration_however_early_it_ended():
+    """The pipeline spends 0.05 s of its own every iteration (driver calls, weight sync, metrics),
+    whatever the iteration's length. Calibration measures a young policy's short iterations: their
+    residual is that 0.05 s, not 0.05 s over the share of a full iteration they are, and the
+    settled plan predicts a full iteration and every shorter one as the pipeline runs them."""
+    workflow, profile = _workflow("algo.name=grpo", "algo.group_size=4"), _profile()
+    pipeline = GrowingEpisodes(workflow, profile, {"colocated": {"rollout": 3.0, "env": 1.2}}, runtime_s=0.05)
+    _, result, _, calibrator, settled, _ = _settled(pipeline)
+    for m in settled.measurements:
+        assert m.residual_s == pytest.approx(0.05)
+        assert m.iteration_s == pytest.approx(pipeline.iteration_s(m.plan))
+    plan = settled.plan
+    assert plan.predicted_iteration_s == pytest.approx(pipeline.iteration_s(plan))
+    # the run prices each iteration as it ran on the profile calibration settled on
+    for decisions in (3, 8, 16):
+        shape = {"rollout/decisions": float(decisions), "charts/samples": 8 * decisions}
+        assert workflow.predicted_as_ran(plan, settled.profile, shape) == pytest.approx(pipeline.iteration_s(plan, shape))
+    # every candidate of a measured mode, priced with its correction, at every iteration's shape
+    measured_modes = {m.plan.mode for m in settled.measurements}
+    shape = {"rollout/decisions": 5.0, "charts/samples": 40}
+    for candidate, seconds in settled.predictions:
+        if candidate.mode in measured_modes:
+            factors, residual = calibrator.correction(candidate)
+            assert residual == pytest.approx(0.05)
+            priced = dataclasses.replace(candidate, predicted_iteration_s=seconds)
+            assert workflow.predicted_as_ran(priced, rescale(profile, factors), shape) == pytest.approx(
+                pipeline.iteration_s(candidate, shape))
+    # counted as a share of a full iteration (the old pricing) the 3-decision iteration's residual
+    # would have weighed in the full one's prediction several times over
+    short = {"rollout/decisions": 3.0, "charts/samples": 24}
+    proportional = pipeline.iteration_s(plan, short) / workflow.shape_scale(plan, settled.profile, short)
+    assert proportional > plan.predicted_iteration_s + 0.05
