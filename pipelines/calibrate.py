@@ -13,7 +13,8 @@ iterations, and more while they spread (:func:`measured_enough`: until their med
 * its **factors**: measured / profiled seconds per call of every component under that plan (the
   workflow's ``measured_factors``: the same calls, with the neighbours the plan gives them), and
 * its **residual**: the measured iteration minus the planner's prediction from the profile
-  rescaled by those factors (the runtime's own seconds per iteration).
+  rescaled by those factors, for that iteration's own shape (the runtime's own seconds per
+  iteration, paid once by every iteration however early an episodic one ended).
 
 Every candidate is then priced again by the pure planner (:func:`scheduler.predict`) on the profile
 rescaled by measured factors, each component's from the measured plan that ran it most like the
@@ -266,7 +267,8 @@ class Calibrator:
     def _full_s(self, plan: Plan, metrics: dict[str, Any]) -> float:
         """The measured seconds of an iteration as those of a full one: an episodic iteration that
         ended early (a young policy's short episodes) scaled by the simulations of both shapes, so
-        that plans measured at different episode lengths compare."""
+        that a measurement's iterations, which lengthen as the policy learns, do not look spread
+        to :func:`measured_enough` (the plans themselves compare by :attr:`Measurement.iteration_s`)."""
         assert self.profile is not None
         return metrics["time/iteration_s"] / self.workflow.shape_scale(plan, self.profile, metrics)
 
