@@ -7,7 +7,9 @@ within ``plan.calibrate`` of the recipe's iterations; the plan a run settles on 
 prediction). Then build the workers of *every* candidate plan of the planner's table (each
 distinct placement, chunk count, offload set and micro-batch, up to ``--max-chunks`` chunks; the
 sequential plan always) afresh and run ``--warmup`` untimed then ``--iterations`` timed training
-iterations of it (more until they took ``--measure-s`` seconds, 3 by default: CartPole's 0.15 s
+iterations of it, in each of ``--rounds`` rounds (2 by default) that interleave the plans, forward
+then backward, so that a host whose speed wanders over minutes favours none (more iterations until
+a plan's rounds took ``--measure-s`` seconds, 3 by default: CartPole's 0.15 s
 iterations on a host whose speed wanders put two plans 7% apart on 0.5 s of them, calibration's
 measure; an episodic iteration that ended early counts its own seconds, not the full iteration's
 it stands for; each row reports how well its median is known, its relative standard error,
@@ -91,6 +93,10 @@ FIXED = ("plan.replan_threshold=0", "plan.learn=false", "logging.tensorboard=fal
 #: seconds of timed iterations per plan, and the most iterations they may take (``--quick``:
 #: calibration's own, :data:`~pipelines.calibrate.MEASURE_S` and ``MAX_ITERATIONS``)
 SWEEP_MEASURE_S, SWEEP_MAX_ITERATIONS = 3.0, 40
+#: rounds each plan is measured in, interleaved with the others' (forward, then backward): on this
+#: host HalfCheetah's streams and hybrid plans measured a few minutes apart came out 14% one way,
+#: and alternated run after run 15% the other way (docs/benchmarks.md)
+SWEEP_ROUNDS = 2
 #: where an iteration's seconds went, as the workflow reports them: collection (and its
 #: simulator's and policy's own seconds per call, averaged over ranks), the update
 PARTS = ("time/rollout_s", "time/sim_s", "time/infer_s", "time/train_s")
@@ -150,6 +156,28 @@ def measure(cfg: EmbodiedConfig, cluster: Cluster, profile: Profile, plan: Plan,
         workflow.close()
 
 
+def schedule(num_plans: int, rounds: int) -> list[tuple[int, int]]:
+    """The order plans are measured in, as ``(round, plan index)``: every plan once per round,
+    forward in even rounds and backward in odd ones, so a host speeding up or slowing down
+    through the sweep favours no plan (with two rounds each plan's mean time sits at the sweep's
+    middle)."""
+    order: list[tuple[int, int]] = []
+    for r in range(rounds):
+        ids = range(num_plans) if r % 2 == 0 else reversed(range(num_plans))
+        order.extend((r, i) for i in ids)
+    return order
+
+
+def pooled(rounds: list[list[dict[str, Any]]], hosts: list[dict[str, float | None]]) -> tuple[list[dict[str, Any]], dict[str, float | None]]:
+    """A plan's rounds as one measurement: their iterations in the order they ran, and the host's
+    speed (the reference workload's seconds) and steal averaged over the rounds' windows (steal
+    None where a window could not read it)."""
+    steals = [h["steal"] for h in hosts]
+    return ([m for one in rounds for m in one],
+            {"reference_s": statistics.fmean(h["reference_s"] for h in hosts),
+             "steal": None if any(x is None for x in steals) else statistics.fmean(steals)})
+
+
 def error(predicted: list[float], times: list[float]) -> float:
     """Median relative error of each iteration's prediction (for the iteration as it ran) against
     its measured seconds."""
@@ -177,11 +205,24 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
         plans = candidates(result, sequential, args.max_chunks)
         if chosen_plan.key() not in {p.key() for p in plans}:
             plans.append(chosen_plan)
+        # every plan measured in each of ``rounds`` rounds, in alternating order (:func:`schedule`):
+        # a host whose speed wanders over minutes slows or speeds all plans alike, not the ones
+        # measured in its slow spell
+        runs: dict[int, list[list[dict[str, Any]]]] = {i: [] for i in range(len(plans))}
+        hosts: dict[int, list[dict[str, float | None]]] = {i: [] for i in range(len(plans))}
+        per_round_s = args.measure_s / args.rounds
+        for r, i in schedule(len(plans), args.rounds):
+            with host_window() as host:
+                ran = measure(cfg, cluster, profile, plans[i], args.warmup, args.iterations, per_round_s, args.max_iterations)
+            runs[i].append(ran)
+            hosts[i].append(host)
+            if args.rounds > 1:
+                print(f"  round {r + 1}/{args.rounds} [{i + 1}/{len(plans)}] {describe(plans[i]):<44} "
+                      f"{statistics.median(m['time/iteration_s'] for m in ran):7.3f} s", flush=True)
         rows = []
         for i, p in enumerate(plans):
             predicted = corrected.get(p.key(), p.predicted_iteration_s)
-            with host_window() as host:
-                ran = measure(cfg, cluster, profile, p, args.warmup, args.iterations, args.measure_s, args.max_iterations)
+            ran, host = pooled(runs[i], hosts[i])
             times = [m["time/iteration_s"] for m in ran]
             scales = [pricing.shape_scale(p, profile, m) for m in ran]
             parts = [{k.removeprefix("time/"): m[k] for k in PARTS if m.get(k) is not None} for m in ran]
@@ -204,6 +245,10 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
                 # predictions for the iterations as they ran (an episodic one may end early: scale < 1)
                 "profiled_s": statistics.median(profiled_as_ran), "predicted_s": statistics.median(predicted_as_ran),
                 "measured_s": measured, "measured_all_s": times, "shape_scales": scales,
+                # each round's iterations (of measured_all_s, in order) and median per full iteration
+                "measured_rounds_n": [len(one) for one in runs[i]],
+                "measured_rounds_s": [statistics.median(m["time/iteration_s"] / pricing.shape_scale(p, profile, m) for m in one)
+                                      for one in runs[i]],
                 # how well the median is known: its standard error over it (from the spread)
                 "measured_rse": relative_standard_error(times),
                 # the median seconds of each part of an iteration (collection, simulator, policy, update)
@@ -265,6 +310,8 @@ def summarize(rows: list[dict[str, Any]], bound_s: float | None, calibration_ite
         # how well that ratio is known: the two medians' relative standard errors combined (None
         # where the choice is the best, or for rows without them)
         "chosen_over_best_rse": _ratio_rse(chosen, best),
+        # the same ratio round by round (the two plans measured minutes apart, not a sweep apart)
+        "chosen_over_best_rounds": [c / b for c, b in zip(chosen.get("measured_rounds_s", []), best.get("measured_rounds_s", []))],
         "first_choice": first["plan"], "first_choice_profiled_error": first["profiled_error"],
         "first_choice_over_best": first["measured_full_s"] / best["measured_full_s"],
         "calibration_iterations": calibration_iterations,
@@ -350,6 +397,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help=f"time each plan at least this many seconds (default {SWEEP_MEASURE_S}; quick: {MEASURE_S}, as calibration)")
     parser.add_argument("--max-iterations", type=int, default=None,
                         help=f"at most this many timed iterations per plan (default {SWEEP_MAX_ITERATIONS}; quick {MAX_ITERATIONS})")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help=f"measure every plan in this many interleaved rounds, --measure-s split between them "
+                             f"(default {SWEEP_ROUNDS}; quick 1)")
     parser.add_argument("--max-chunks", type=int, default=None, help="largest chunk count measured (default 4; quick 2)")
     parser.add_argument("--quick", action="store_true", help="tiny settings and the two CartPole recipes: a correctness check")
     parser.add_argument("--reprofile", action="store_true", help="measure the profiles again (do it on a quiet machine)")
@@ -360,6 +410,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.max_chunks = args.max_chunks or (2 if args.quick else 4)
     args.measure_s = args.measure_s if args.measure_s is not None else (MEASURE_S if args.quick else SWEEP_MEASURE_S)
     args.max_iterations = args.max_iterations or (MAX_ITERATIONS if args.quick else SWEEP_MAX_ITERATIONS)
+    args.rounds = args.rounds if args.rounds is not None else (1 if args.quick else SWEEP_ROUNDS)
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
     name = args.name or ("m2flow_sweep_quick" if args.quick else "m2flow_sweep")
     known = {Path(e.recipe).name.removesuffix(".yaml"): e for e in SWEEP_RECIPES}
     wanted = args.recipes or (QUICK_RECIPES if args.quick else [Path(e.recipe).name.removesuffix(".yaml") for e in SWEEP_RECIPES])
@@ -373,7 +426,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "benchmark": "m2flow_sweep",
         "command": command_of("m2flow_sweep", argv),
         "settings": {"iterations": args.iterations, "warmup": args.warmup, "max_chunks": args.max_chunks, "quick": args.quick,
-                     "measure_s": args.measure_s, "max_iterations": args.max_iterations},
+                     "measure_s": args.measure_s, "max_iterations": args.max_iterations, "rounds": args.rounds},
         "recipes": results,
         "table_md": md,
         "png": png.name,

@@ -38,6 +38,27 @@ def test_candidates_are_distinct_capped_and_include_sequential_and_choice():
     assert [(p.mode, p.num_chunks) for p in plans] == [("hybrid", 2), ("hybrid", 1), ("colocated", 1)]
 
 
+def test_rounds_interleave_the_plans_forward_then_backward():
+    """Each plan once per round; a host that slows down steadily through the sweep gives every
+    plan the same mean slowdown over two rounds (and none over one, the old sweep: the last plan
+    measured took the whole drift)."""
+    order = sweep.schedule(3, 2)
+    assert order == [(0, 0), (0, 1), (0, 2), (1, 2), (1, 1), (1, 0)]
+    assert sweep.schedule(2, 1) == [(0, 0), (0, 1)]
+    slot = {entry: t for t, entry in enumerate(order)}  # the host's slowdown grows with time: 1 + 0.1 t
+    mean_slowdown = {i: statistics.fmean(1 + 0.1 * slot[(r, i)] for r in range(2)) for i in range(3)}
+    assert len({round(v, 9) for v in mean_slowdown.values()}) == 1
+    assert sorted({i for _, i in sweep.schedule(4, 3)}) == [0, 1, 2, 3] and len(sweep.schedule(4, 3)) == 12
+
+
+def test_a_plans_rounds_pool_into_one_measurement():
+    rounds = [[{"time/iteration_s": 1.0}, {"time/iteration_s": 1.2}], [{"time/iteration_s": 0.9}]]
+    ran, host = sweep.pooled(rounds, [{"reference_s": 0.1, "steal": 0.02}, {"reference_s": 0.3, "steal": 0.04}])
+    assert [m["time/iteration_s"] for m in ran] == [1.0, 1.2, 0.9]
+    assert host == pytest.approx({"reference_s": 0.2, "steal": 0.03})
+    assert sweep.pooled(rounds, [{"reference_s": 0.1, "steal": None}, {"reference_s": 0.1, "steal": 0.5}])[1]["steal"] is None
+
+
 def _row(plan: str, predicted: float, times: list[float], scales: list[float], **flags) -> dict:
     """A measured candidate as sweep_recipe records it (medians of its iterations)."""
     measured = statistics.median(times)
@@ -121,7 +142,11 @@ def test_quick_sweep_measures_every_candidate_of_a_recipe(tmp_path, monkeypatch)
     assert sum(r["chosen"] for r in rows) == 1 and sum(r["sequential"] for r in rows) == 1
     assert len(rows) >= 2 and all(r["chunks"] == 1 and r["measured_s"] > 0 for r in rows)
     # CartPole's iterations take milliseconds: each plan is timed as calibration measures one
+    # (--quick: one round; the full sweep interleaves two, each a part of the seconds)
+    assert out["settings"]["rounds"] == 1 and all(r["measured_rounds_n"] == [len(r["measured_all_s"])] for r in rows)
     assert all(measured_as_calibration_measures(r["measured_all_s"], at_least=1) for r in rows)
+    assert all(r["measured_rounds_s"] == [pytest.approx(r["measured_full_s"])] for r in rows)
+    assert len(recipe["summary"]["chosen_over_best_rounds"]) == 1
     assert len({r["plan"] + str(r["train_microbatch"]) for r in rows}) == len(rows)
     summary = recipe["summary"]
     # calibration ran as in a run of the recipe: the choice is a plan it measured, priced by what it measured
