@@ -310,8 +310,9 @@ def summarize(rows: list[dict[str, Any]], bound_s: float | None, calibration_ite
         # how well that ratio is known: the two medians' relative standard errors combined (None
         # where the choice is the best, or for rows without them)
         "chosen_over_best_rse": _ratio_rse(chosen, best),
-        # the same ratio round by round (the two plans measured minutes apart, not a sweep apart)
-        "chosen_over_best_rounds": [c / b for c, b in zip(chosen.get("measured_rounds_s", []), best.get("measured_rounds_s", []))],
+        # round by round, the choice over that round's fastest plan (plans measured minutes apart,
+        # not a sweep apart)
+        "chosen_over_best_rounds": _per_round_over_best(rows, chosen),
         "first_choice": first["plan"], "first_choice_profiled_error": first["profiled_error"],
         "first_choice_over_best": first["measured_full_s"] / best["measured_full_s"],
         "calibration_iterations": calibration_iterations,
@@ -323,6 +324,14 @@ def summarize(rows: list[dict[str, Any]], bound_s: float | None, calibration_ite
         # the share of the possible gain (sequential -> bound) the choice realised, measured
         "gap_captured": (seq["measured_full_s"] - chosen["measured_full_s"]) / gap if gap and gap > 0 else None,
     }
+
+
+def _per_round_over_best(rows: list[dict[str, Any]], chosen: dict[str, Any]) -> list[float]:
+    """Each round's median of the choice over the fastest median of that round (rows without
+    rounds: none)."""
+    rounds = [r.get("measured_rounds_s", []) for r in rows]
+    n = min(len(x) for x in rounds)
+    return [chosen["measured_rounds_s"][k] / min(x[k] for x in rounds) for k in range(n)]
 
 
 def _ratio_rse(a: dict[str, Any], b: dict[str, Any]) -> float | None:

@@ -59,6 +59,19 @@ def test_a_plans_rounds_pool_into_one_measurement():
     assert sweep.pooled(rounds, [{"reference_s": 0.1, "steal": None}, {"reference_s": 0.1, "steal": 0.5}])[1]["steal"] is None
 
 
+def test_each_round_compares_the_choice_with_that_rounds_fastest():
+    rows = [
+        _row("streams 2ch", 1.0, [1.0, 1.3], [1.0, 1.0], chosen=True, sequential=True, first_choice=True,
+             measured_rounds_s=[1.0, 1.3]),
+        _row("hybrid 2ch", 1.1, [1.1, 1.2], [1.0, 1.0], measured_rounds_s=[1.1, 1.2]),
+    ]
+    summary = sweep.summarize(rows, bound_s=None, calibration_iterations=3)
+    assert summary["chosen_over_best_rounds"] == pytest.approx([1.0, 1.3 / 1.2])
+    for r in rows:
+        del r["measured_rounds_s"]  # rows of sweeps before the rounds
+    assert sweep.summarize(rows, bound_s=None, calibration_iterations=3)["chosen_over_best_rounds"] == []
+
+
 def _row(plan: str, predicted: float, times: list[float], scales: list[float], **flags) -> dict:
     """A measured candidate as sweep_recipe records it (medians of its iterations)."""
     measured = statistics.median(times)
