@@ -27,7 +27,7 @@ calibration's speed, beside the error itself, and the share of CPU time the hype
 while it was measured (``/proc/stat``'s steal; a VM's vCPUs can lose time a one-thread workload
 timed between the runs does not see).
 
-    python -m benchmarks.m2flow_sweep                     # every recipe: ~40 min on 2 quiet cores
+    python -m benchmarks.m2flow_sweep                     # every recipe: ~40 min on 2 quiet cores, ~2 h on a slow 2-vCPU VM
     python -m benchmarks.m2flow_sweep --recipes maniskill_pushcube_ppo --iterations 5
     python -m benchmarks.m2flow_sweep --quick             # tiny settings, a correctness check (~2 min)
 
