@@ -51,7 +51,8 @@ MIN_ITERATIONS, MAX_ITERATIONS = 2, 10
 #: within 4.6% (TARGET_RSE for two) say little about a host whose iterations spread 8-10%: a
 #: quarter to a third of such pairs agree by chance, and HalfCheetah's and PushCube GRPO's
 #: calibrations that stopped on two missed the plan's later time by -13.5% and +21%
-#: (docs/benchmarks.md). A run calibrates only when its budget holds this many iterations.
+#: (docs/benchmarks.md). A run calibrates only when its budget holds one measurement of its
+#: plan (:func:`iterations_for`: this many iterations at least).
 MIN_SPREAD_ITERATIONS = 3
 #: a candidate is measured while its corrected prediction is below (1 + MARGIN) x the best measured
 MARGIN = 0.05
