@@ -40,7 +40,7 @@ def test_candidates_are_distinct_capped_and_include_sequential_and_choice():
 
 def test_rounds_interleave_the_plans_forward_then_backward():
     """Each plan once per round; a host that slows down steadily through the sweep gives every
-    plan the same mean slowdown over two rounds (and none over one, the old sweep: the last plan
+    plan the same mean slowdown over two rounds (over one round, the old sweep, the last plan
     measured took the whole drift)."""
     order = sweep.schedule(3, 2)
     assert order == [(0, 0), (0, 1), (0, 2), (1, 2), (1, 1), (1, 0)]
