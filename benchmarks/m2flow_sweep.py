@@ -224,7 +224,9 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
             predicted = corrected.get(p.key(), p.predicted_iteration_s)
             ran, host = pooled(runs[i], hosts[i])
             times = [m["time/iteration_s"] for m in ran]
-            scales = [pricing.shape_scale(p, profile, m) for m in ran]
+            # each iteration's share of a full one, per round (1.0 unless an episodic one ended early)
+            round_scales = [[pricing.shape_scale(p, profile, m) for m in one] for one in runs[i]]
+            scales = [sc for one in round_scales for sc in one]
             parts = [{k.removeprefix("time/"): m[k] for k in PARTS if m.get(k) is not None} for m in ran]
             # each iteration's prediction as it ran (an episodic one may end early;
             # Workflow.predicted_as_ran): on the profile rescaled by the per-call factors
@@ -247,8 +249,8 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
                 "measured_s": measured, "measured_all_s": times, "shape_scales": scales,
                 # each round's iterations (of measured_all_s, in order) and median per full iteration
                 "measured_rounds_n": [len(one) for one in runs[i]],
-                "measured_rounds_s": [statistics.median(m["time/iteration_s"] / pricing.shape_scale(p, profile, m) for m in one)
-                                      for one in runs[i]],
+                "measured_rounds_s": [statistics.median(m["time/iteration_s"] / sc for m, sc in zip(one, one_scales))
+                                      for one, one_scales in zip(runs[i], round_scales)],
                 # how well the median is known: its standard error over it (from the spread)
                 "measured_rse": relative_standard_error(times),
                 # the median seconds of each part of an iteration (collection, simulator, policy, update)
