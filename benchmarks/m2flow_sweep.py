@@ -90,9 +90,10 @@ SWEEP_RECIPES = (
 QUICK_RECIPES = ("cartpole_ppo", "cartpole_grpo")
 #: every run of the sweep: measured as planned (no re-planning, no learning into the cache)
 FIXED = ("plan.replan_threshold=0", "plan.learn=false", "logging.tensorboard=false", "logging.wandb=false")
-#: seconds of timed iterations per plan, and the most iterations they may take (``--quick``:
-#: calibration's own, :data:`~pipelines.calibrate.MEASURE_S` and ``MAX_ITERATIONS``)
+#: seconds of timed iterations per plan, and the most iterations they may take (``--quick``, a
+#: correctness check rather than a measurement: half a second, and calibration's ``MAX_ITERATIONS``)
 SWEEP_MEASURE_S, SWEEP_MAX_ITERATIONS = 3.0, 40
+QUICK_MEASURE_S = 0.5
 #: rounds each plan is measured in, interleaved with the others' (forward, then backward): on this
 #: host HalfCheetah's streams and hybrid plans measured a few minutes apart came out 14% one way,
 #: and alternated run after run 15% the other way (docs/benchmarks.md)
@@ -405,7 +406,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--iterations", type=int, default=None, help="timed iterations per plan (default 3; quick 1)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed iterations per plan first")
     parser.add_argument("--measure-s", type=float, default=None,
-                        help=f"time each plan at least this many seconds (default {SWEEP_MEASURE_S}; quick: {MEASURE_S}, as calibration)")
+                        help=f"time each plan at least this many seconds (default {SWEEP_MEASURE_S}; quick {QUICK_MEASURE_S})")
     parser.add_argument("--max-iterations", type=int, default=None,
                         help=f"at most this many timed iterations per plan (default {SWEEP_MAX_ITERATIONS}; quick {MAX_ITERATIONS})")
     parser.add_argument("--rounds", type=int, default=None,
@@ -419,7 +420,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     args.iterations = args.iterations or (1 if args.quick else 3)
     args.max_chunks = args.max_chunks or (2 if args.quick else 4)
-    args.measure_s = args.measure_s if args.measure_s is not None else (MEASURE_S if args.quick else SWEEP_MEASURE_S)
+    args.measure_s = args.measure_s if args.measure_s is not None else (QUICK_MEASURE_S if args.quick else SWEEP_MEASURE_S)
     args.max_iterations = args.max_iterations or (MAX_ITERATIONS if args.quick else SWEEP_MAX_ITERATIONS)
     args.rounds = args.rounds if args.rounds is not None else (1 if args.quick else SWEEP_ROUNDS)
     if args.rounds < 1:

@@ -10,17 +10,17 @@ import pytest
 
 import benchmarks.common as common
 import benchmarks.m2flow_sweep as sweep
-from pipelines.calibrate import MAX_ITERATIONS, MEASURE_S
+from pipelines.calibrate import MAX_ITERATIONS
 from scheduler import Plan, PlanResult, Timeline
 
 
-def measured_as_calibration_measures(times: list[float], at_least: int) -> bool:
-    """Whether ``times`` are the iterations a plan is timed for: at least ``at_least``, then more
-    until they took MEASURE_S seconds (what they took, not the full iterations an episodic one
-    stands for), at most MAX_ITERATIONS."""
-    n = len(times)
-    done = n >= at_least and (sum(times) >= MEASURE_S or n >= MAX_ITERATIONS)
-    one_fewer_was_not = n == at_least or (sum(times[:-1]) < MEASURE_S and n - 1 < MAX_ITERATIONS)
+def measured_as_quick_measures(times: list[float], at_least: int) -> bool:
+    """Whether ``times`` are the iterations ``--quick`` times a plan for: at least ``at_least``,
+    then more until they took QUICK_MEASURE_S seconds (what they took, not the full iterations an
+    episodic one stands for), at most calibration's MAX_ITERATIONS."""
+    n, enough = len(times), sweep.QUICK_MEASURE_S
+    done = n >= at_least and (sum(times) >= enough or n >= MAX_ITERATIONS)
+    one_fewer_was_not = n == at_least or (sum(times[:-1]) < enough and n - 1 < MAX_ITERATIONS)
     return done and one_fewer_was_not
 
 
@@ -157,7 +157,7 @@ def test_quick_sweep_measures_every_candidate_of_a_recipe(tmp_path, monkeypatch)
     # CartPole's iterations take milliseconds: each plan is timed as calibration measures one
     # (--quick: one round; the full sweep interleaves two, each a part of the seconds)
     assert out["settings"]["rounds"] == 1 and all(r["measured_rounds_n"] == [len(r["measured_all_s"])] for r in rows)
-    assert all(measured_as_calibration_measures(r["measured_all_s"], at_least=1) for r in rows)
+    assert all(measured_as_quick_measures(r["measured_all_s"], at_least=1) for r in rows)
     assert all(r["measured_rounds_s"] == [pytest.approx(r["measured_full_s"])] for r in rows)
     assert len(recipe["summary"]["chosen_over_best_rounds"]) == 1
     assert len({r["plan"] + str(r["train_microbatch"]) for r in rows}) == len(rows)

@@ -188,14 +188,14 @@ def test_each_component_is_priced_from_the_measured_plan_that_ran_it_beside_the_
 
 class GrowingEpisodes(Pipeline):
     """Episodic (GRPO) iterations that end early and grow as the policy learns: iteration i takes
-    ``min(T, 2 + i)`` decisions per chunk and trains on those of its 8 envs."""
+    ``min(T, 2 + i // 4)`` decisions per chunk and trains on those of its 8 envs."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.iteration = 0
 
     def shape(self) -> dict:
-        decisions = min(16, 2 + self.iteration)
+        decisions = min(16, 2 + self.iteration // 4)
         return {"rollout/decisions": float(decisions), "charts/samples": 8 * decisions}
 
     def iteration_s(self, plan: Plan, shape: dict | None = None) -> float:
@@ -224,8 +224,8 @@ def test_episodic_iterations_that_grow_are_measured_as_full_ones():
     for m in settled.measurements:
         expected = pipeline.factors(m.plan)
         assert m.factors == pytest.approx({c: expected.get(c, 1.0) for c in METRIC})
-        # the iterations measured took 3-6 of 16 decisions: well under half a full one's time ...
-        ran = [pipeline.iteration_s(m.plan, {"rollout/decisions": 2.0 + i, "charts/samples": 8 * (2 + i)})
+        # the iterations measured took 2-6 of 16 decisions: well under half a full one's time ...
+        ran = [pipeline.iteration_s(m.plan, {"rollout/decisions": 2.0 + i // 4, "charts/samples": 8 * (2 + i // 4)})
                for i in m.iterations]
         assert max(ran) < 0.5 * truth[m.plan.key()]
         # they were measured for about MEASURE_S seconds of what they took, not of what they stand for
@@ -255,7 +255,8 @@ def test_a_measurement_goes_on_while_its_iterations_spread():
     assert not measured_enough([0.1, 0.1], budget_left=5)  # still under MEASURE_S seconds
     # episodic iterations that ended early, counted as the full ones they stand for: what they took counts
     assert not measured_enough([0.7, 0.7], budget_left=5, wall_s=0.26)
-    assert measured_enough([0.7, 0.7, 0.7, 0.7], budget_left=5, wall_s=0.52)
+    assert not measured_enough([0.7] * 4, budget_left=5, wall_s=0.9 * MEASURE_S) and sum([0.7] * 4) > MEASURE_S
+    assert measured_enough([0.7] * 4, budget_left=5, wall_s=MEASURE_S)
     assert not measured_enough([3.0, 3.0], budget_left=5) and measured_enough([3.0, 3.0, 3.0], budget_left=5)
 
 
