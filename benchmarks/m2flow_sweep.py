@@ -4,7 +4,9 @@ For each recipe of :data:`SWEEP_RECIPES` (or ``--recipes``): profile (cached per
 hardware; ``--reprofile`` measures again), plan, and calibrate as a run of the recipe would
 (:mod:`pipelines.calibrate`: the planner's best candidates measured over the first iterations,
 within ``plan.calibrate`` of the recipe's iterations; the plan a run settles on and its corrected
-prediction). Then build the workers of *every* candidate plan of the planner's table (each
+prediction), and time the run's own next iterations under that plan against that prediction (what
+a user's run logs, before any re-planning, and what ``benchmarks.m2flow_learning`` reports for the
+default job). Then build the workers of *every* candidate plan of the planner's table (each
 distinct placement, chunk count, offload set and micro-batch, up to ``--max-chunks`` chunks; the
 sequential plan always) afresh and run ``--warmup`` untimed then ``--iterations`` timed training
 iterations of it, in each of ``--rounds`` rounds (2 by default) that interleave the plans, forward
@@ -121,18 +123,39 @@ def candidates(result: Any, sequential: Plan, max_chunks: int) -> list[Plan]:
     return list(out.values())
 
 
-def calibrate(cfg: EmbodiedConfig, cluster: Cluster) -> tuple[Calibrated | None, Calibrator, int]:
+def calibrate(cfg: EmbodiedConfig, cluster: Cluster, iterations: int, measure_s: float,
+              max_iterations: int) -> tuple[Calibrated | None, Calibrator, int, list[dict[str, Any]]]:
     """Profile (cached), plan and calibrate as a run of ``cfg`` does; what calibration settled on
-    (None when the run is too short to calibrate), the calibrator (each candidate's correction)
-    and the iterations it took."""
+    (None when the run is too short to calibrate), the calibrator (each candidate's correction),
+    the iterations it took, and the metrics of the run's next iterations under the plan it
+    settled on (as :func:`measure` times a plan: ``iterations``, more up to ``measure_s`` seconds):
+    the prediction against the run's own iterations, before any re-planning, as a user's run
+    logs it (``plan/measured_over_predicted``; what ``benchmarks.m2flow_learning`` reports)."""
     workflow = EmbodiedWorkflow(cfg)
     runner = Runner(cfg, None, workflow)
     runner.start(cluster)
     try:
-        iterations = runner.settle()
-        return runner.calibrated, runner.calibrator, iterations
+        settling = runner.settle()
+        if settling == 0:
+            runner.step()  # the run's first iteration (resets, first calls): calibration's warm-up otherwise
+        ran: list[dict[str, Any]] = []
+        for _ in range(2 * max_iterations):  # iterations without an update (staleness 1's first) carry no ratio
+            if len(ran) >= iterations and (sum(m["time/iteration_s"] for m in ran) >= measure_s or len(ran) >= max_iterations):
+                break
+            metrics = runner.step()
+            if metrics.get("plan/measured_over_predicted") is not None:
+                ran.append(metrics)
+        return runner.calibrated, runner.calibrator, settling, ran
     finally:
         workflow.close()
+
+
+def run_error(ran: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's own iterations after calibration against the prediction for each as it ran."""
+    times = [m["time/iteration_s"] for m in ran]
+    predicted = [m["time/iteration_s"] / m["plan/measured_over_predicted"] for m in ran]
+    return {"run_measured_all_s": times, "run_measured_s": statistics.median(times),
+            "run_predicted_s": statistics.median(predicted), "run_error": error(predicted, times)}
 
 
 def measure(cfg: EmbodiedConfig, cluster: Cluster, profile: Profile, plan: Plan, warmup: int,
@@ -198,7 +221,9 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
         pricing.machine(cluster)
         sequential = sequential_plan(workflow, resources, profile)
         with host_window() as calibration_host:  # the host's speed while calibration measured
-            calibrated, calibrator, calibration_iterations = calibrate(cfg, cluster)
+            calibrated, calibrator, calibration_iterations, continued = calibrate(
+                cfg, cluster, args.iterations, args.measure_s / args.rounds, args.max_iterations)
+        own = run_error(continued)
         chosen_plan = calibrated.plan if calibrated is not None else result.best
         corrected = {p.key(): s for p, s in calibrated.predictions} if calibrated is not None else {}
         if calibrated is not None:
@@ -278,14 +303,15 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
                   f"{'' if steal is None else f'; steal {100 * steal:.0f}%'})"
                   f"{'  <- chosen' if row['chosen'] else ''}", flush=True)
     bound_s = result.bound.iteration_s if result.bound is not None else None
-    summary = summarize(rows, bound_s, calibration_iterations)
+    summary = {**summarize(rows, bound_s, calibration_iterations), **own}
     summary["calibration_host_reference_s"] = calibration_host["reference_s"]
     summary["calibration_host_steal"] = calibration_host["steal"]
     chosen = next(r for r in rows if r["chosen"])
     bound = "-" if bound_s is None else f"{bound_s:.3f} s"
     print(f"  chosen {summary['chosen']}: {chosen['measured_s']:.3f} s, {100 * (summary['chosen_over_best'] - 1):.1f}% "
           f"above the best ({summary['best']}); prediction {100 * chosen['error']:+.1f}%; bound {bound} per full "
-          f"iteration", flush=True)
+          f"iteration; the run's own {len(continued)} iterations after calibration {own['run_measured_s']:.3f} s, "
+          f"prediction {100 * own['run_error']:+.1f}%", flush=True)
     return {"recipe": Path(entry.recipe).name, "label": entry.label, "overrides": overrides,
             "profile_key": profile.meta.get("key"), "profile_learned_runs": len(profile.meta.get("learned", [])),
             "bound": result.bound.to_dict() if result.bound is not None else None,
@@ -347,10 +373,10 @@ def _ratio_rse(a: dict[str, Any], b: dict[str, Any]) -> float | None:
 def table(results: list[dict[str, Any]]) -> str:
     """The markdown table of docs/benchmarks.md: one row per recipe."""
     lines = ["| recipe | plan a run settles on | predicted s | measured s | error (host speed vs calibration's: error at "
-             "its speed) | probes' first choice (error) "
+             "its speed) | the run's own iterations: measured s (error) | probes' first choice (error) "
              "| full iteration s | best (plan) | choice vs best (+- its standard error) | sequential s | bound s | gap captured "
              "| calibration its |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         s = r["summary"]
         chosen = next(c for c in r["candidates"] if c["chosen"])
@@ -359,11 +385,12 @@ def table(results: list[dict[str, Any]]) -> str:
         err = f"{100 * s['chosen_error']:+.1f}%"
         if s.get("chosen_host_drift") is not None:  # sweeps since the host reference was timed
             err += f" (host x{s['chosen_host_drift']:.2f}: {100 * s['chosen_error_at_calibration_speed']:+.1f}%)"
+        own = "-" if s.get("run_error") is None else f"{s['run_measured_s']:.3f} ({100 * s['run_error']:+.1f}%)"
         vs_best = f"{100 * (s['chosen_over_best'] - 1):+.1f}%"
         if s.get("chosen_over_best_rse") is not None and math.isfinite(s["chosen_over_best_rse"]):
             vs_best += f" (+-{100 * s['chosen_over_best_rse']:.1f}%)"
         lines.append(f"| {r['label']} | {s['chosen']} | {chosen['predicted_s']:.3f} | {s['chosen_measured_s']:.3f} "
-                     f"| {err} | {s['first_choice']} ({100 * s['first_choice_profiled_error']:+.1f}%) "
+                     f"| {err} | {own} | {s['first_choice']} ({100 * s['first_choice_profiled_error']:+.1f}%) "
                      f"| {s['chosen_full_s']:.3f} | {s['best_full_s']:.3f} ({s['best']}) "
                      f"| {vs_best} | {s['sequential_full_s']:.3f} | {bound} "
                      f"| {captured} | {s['calibration_iterations']} |")

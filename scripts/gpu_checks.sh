@@ -6,7 +6,8 @@
 #      ranks, a 1B-parameter offload, the VLA policies in bf16 on CUDA, batched envs on CUDA,
 #      ManiSkill's GPU simulation where ManiSkill is installed);
 #   3. a short planned training run with the rollout and trainer on the GPU (the planner
-#      profiles the components on this machine's cores and GPU and picks the plan).
+#      profiles the components on this machine's cores and GPU, calibration measures its best
+#      candidates over the first iterations, and the run settles on the fastest).
 #
 #     bash scripts/gpu_checks.sh OUT_DIR     # results and logs land in OUT_DIR
 #
@@ -44,9 +45,9 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda'
 smoke=$(mktemp -d)
 [[ $steps == *" run "* ]] && step planned_run_on_cuda "${RUN_LIMIT:-150}" "$out/planned_run.log" env EMBODIED_CACHE="$smoke/cache" python3 -m pipelines.cli train \
     colorreach_openvla_ppo_tiny warmstart.expert=null workers.rollout_device=cuda workers.trainer_device=cuda \
-    algo.total_env_steps=4096 eval.episodes=16 plan.profile=true logging.wandb=false logging.progress=lines \
-    run.dir="$smoke/run"
-for f in plan.json summary.json; do
+    algo.total_env_steps="${RUN_STEPS:-16384}" plan.calibrate=0.3 eval.episodes=16 plan.profile=true logging.wandb=false \
+    logging.progress=lines run.dir="$smoke/run"
+for f in plan.json summary.json metrics.jsonl; do
     [ -f "$smoke/run/$f" ] && cp "$smoke/run/$f" "$out/planned_run_$f"
 done
 exit $status

@@ -90,8 +90,14 @@ def test_table_reports_choice_vs_best_and_the_gap_captured():
     assert summary["best"] == "hybrid 3ch" and summary["chosen_over_best"] == pytest.approx(1.6 / 1.5)
     assert summary["gap_captured"] == pytest.approx(0.5) and summary["speedup_vs_sequential"] == pytest.approx(1.25)
     md = sweep.table([{"label": "toy", "candidates": rows, "summary": summary}])
-    assert md.splitlines()[-1] == ("| toy | hybrid 2ch | 1.500 | 1.600 | -6.3% | colocated 1ch (-25.0%) | 1.600 | 1.500 "
+    assert md.splitlines()[-1] == ("| toy | hybrid 2ch | 1.500 | 1.600 | -6.3% | - | colocated 1ch (-25.0%) | 1.600 | 1.500 "
                                    "(hybrid 3ch) | +6.7% | 2.000 | 1.200 | 50% | 6 |")
+    # the run's own iterations after calibration, against the prediction it logged for each
+    summary.update(sweep.run_error([{"time/iteration_s": t, "plan/measured_over_predicted": t / 1.5} for t in (1.4, 1.5, 1.7)]))
+    assert summary["run_measured_s"] == 1.5 and summary["run_predicted_s"] == pytest.approx(1.5)
+    assert summary["run_error"] == pytest.approx(0.0)
+    md = sweep.table([{"label": "toy", "candidates": rows, "summary": summary}])
+    assert "| -6.3% | 1.500 (+0.0%) | colocated 1ch (-25.0%) |" in md
 
 
 def test_choice_vs_best_carries_its_standard_error():
@@ -166,6 +172,13 @@ def test_quick_sweep_measures_every_candidate_of_a_recipe(tmp_path, monkeypatch)
     chosen = next(r for r in rows if r["chosen"])
     assert summary["calibration_iterations"] >= 2 and chosen["calibrated"]
     assert chosen["predicted_s"] != chosen["profiled_s"]
+    # ... and the run went on under the plan it settled on: its own iterations, timed as a plan is,
+    # against the prediction it logged for each (full iterations here: the settled prediction)
+    own = summary["run_measured_all_s"]
+    assert measured_as_quick_measures(own, at_least=1)
+    assert summary["run_measured_s"] == pytest.approx(statistics.median(own))
+    assert summary["run_predicted_s"] == pytest.approx(chosen["predicted_s"])
+    assert summary["run_error"] == pytest.approx(statistics.median((summary["run_predicted_s"] - t) / t for t in own))
     # CartPole PPO iterations are full ones: per full iteration is as measured
     assert all(r["measured_full_s"] == pytest.approx(r["measured_s"]) for r in rows)
     assert summary["best_full_s"] == min(r["measured_full_s"] for r in rows)
@@ -179,4 +192,4 @@ def test_quick_sweep_measures_every_candidate_of_a_recipe(tmp_path, monkeypatch)
         parts = r["measured_parts_s"]
         assert 0 < parts["rollout_s"] < r["measured_s"] and 0 < parts["train_s"] < r["measured_s"], parts
     saved = json.loads((tmp_path / "m2flow_sweep_quick.json").read_text())
-    assert saved["table_md"].count("\n") == 2 and (tmp_path / "m2flow_sweep_quick.png").stat().st_size > 0
+    assert saved["table_md"].count("\n") == 2 and "(%+.1f%%)" % (100 * summary["run_error"]) in saved["table_md"] and (tmp_path / "m2flow_sweep_quick.png").stat().st_size > 0
