@@ -285,6 +285,7 @@ def _build_and_step(task: str, obs_mode: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_every_registered_task_steps_or_says_what_it_lacks(vulkan):
     """Any id in ManiSkill's registry: it builds, resets and steps through the contract (multi-robot
     tasks with one flat action) with state and rgb observations, or fails at once with a UserError
