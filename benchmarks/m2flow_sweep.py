@@ -151,7 +151,10 @@ def calibrate(cfg: EmbodiedConfig, cluster: Cluster, iterations: int, measure_s:
 
 
 def run_error(ran: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run's own iterations after calibration against the prediction for each as it ran."""
+    """The run's own iterations after calibration against the prediction for each as it ran
+    (None each where none carried a prediction)."""
+    if not ran:
+        return {"run_measured_all_s": [], "run_measured_s": None, "run_predicted_s": None, "run_error": None}
     times = [m["time/iteration_s"] for m in ran]
     predicted = [m["time/iteration_s"] / m["plan/measured_over_predicted"] for m in ran]
     return {"run_measured_all_s": times, "run_measured_s": statistics.median(times),
@@ -220,7 +223,7 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
         pricing = EmbodiedWorkflow(cfg)  # prices iterations as they ran (the runtime's workflow, not the planner's)
         pricing.machine(cluster)
         sequential = sequential_plan(workflow, resources, profile)
-        with host_window() as calibration_host:  # the host's speed while calibration measured
+        with host_window() as calibration_host:  # the host's speed while calibration (and the run after it) measured
             calibrated, calibrator, calibration_iterations, continued = calibrate(
                 cfg, cluster, args.iterations, args.measure_s / args.rounds, args.max_iterations)
         own = run_error(continued)
@@ -310,8 +313,8 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
     bound = "-" if bound_s is None else f"{bound_s:.3f} s"
     print(f"  chosen {summary['chosen']}: {chosen['measured_s']:.3f} s, {100 * (summary['chosen_over_best'] - 1):.1f}% "
           f"above the best ({summary['best']}); prediction {100 * chosen['error']:+.1f}%; bound {bound} per full "
-          f"iteration; the run's own {len(continued)} iterations after calibration {own['run_measured_s']:.3f} s, "
-          f"prediction {100 * own['run_error']:+.1f}%", flush=True)
+          f"iteration" + ("" if own["run_error"] is None else f"; the run's own {len(continued)} iterations after "
+          f"calibration {own['run_measured_s']:.3f} s, prediction {100 * own['run_error']:+.1f}%"), flush=True)
     return {"recipe": Path(entry.recipe).name, "label": entry.label, "overrides": overrides,
             "profile_key": profile.meta.get("key"), "profile_learned_runs": len(profile.meta.get("learned", [])),
             "bound": result.bound.to_dict() if result.bound is not None else None,

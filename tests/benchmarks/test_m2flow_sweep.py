@@ -98,6 +98,7 @@ def test_table_reports_choice_vs_best_and_the_gap_captured():
     assert summary["run_error"] == pytest.approx(0.0)
     md = sweep.table([{"label": "toy", "candidates": rows, "summary": summary}])
     assert "| -6.3% | 1.500 (+0.0%) | colocated 1ch (-25.0%) |" in md
+    assert sweep.run_error([])["run_error"] is None  # no iteration carried a prediction: the column says "-"
 
 
 def test_choice_vs_best_carries_its_standard_error():
