@@ -123,6 +123,12 @@ def candidates(result: Any, sequential: Plan, max_chunks: int) -> list[Plan]:
     return list(out.values())
 
 
+def timed_enough(ran: list[dict[str, Any]], iterations: int, measure_s: float, max_iterations: int) -> bool:
+    """Whether the iterations ``ran`` time a plan: ``iterations`` at least, then more until they
+    took ``measure_s`` seconds, at most ``max_iterations``."""
+    return len(ran) >= iterations and (sum(m["time/iteration_s"] for m in ran) >= measure_s or len(ran) >= max_iterations)
+
+
 def calibrate(cfg: EmbodiedConfig, cluster: Cluster, iterations: int, measure_s: float,
               max_iterations: int) -> tuple[Calibrated | None, Calibrator, int, list[dict[str, Any]]]:
     """Profile (cached), plan and calibrate as a run of ``cfg`` does; what calibration settled on
@@ -140,7 +146,7 @@ def calibrate(cfg: EmbodiedConfig, cluster: Cluster, iterations: int, measure_s:
             runner.step()  # the run's first iteration (resets, first calls): calibration's warm-up otherwise
         ran: list[dict[str, Any]] = []
         for _ in range(2 * max_iterations):  # iterations without an update (staleness 1's first) carry no ratio
-            if len(ran) >= iterations and (sum(m["time/iteration_s"] for m in ran) >= measure_s or len(ran) >= max_iterations):
+            if timed_enough(ran, iterations, measure_s, max_iterations):
                 break
             metrics = runner.step()
             if metrics.get("plan/measured_over_predicted") is not None:
@@ -176,7 +182,7 @@ def measure(cfg: EmbodiedConfig, cluster: Cluster, profile: Profile, plan: Plan,
         ran: list[dict[str, Any]] = []
         for _ in range(warmup):
             runner.step()
-        while len(ran) < iterations or (sum(m["time/iteration_s"] for m in ran) < measure_s and len(ran) < max_iterations):
+        while not timed_enough(ran, iterations, measure_s, max_iterations):
             ran.append(runner.step())
         return ran
     finally:

@@ -194,8 +194,9 @@ class GrowingEpisodes(Pipeline):
         super().__init__(*args, **kwargs)
         self.iteration = 0
 
-    def shape(self) -> dict:
-        decisions = min(16, 2 + self.iteration // 4)
+    def shape(self, iteration: int | None = None) -> dict:
+        """Iteration ``iteration``'s (default: the current one's) decisions and samples."""
+        decisions = min(16, 2 + (self.iteration if iteration is None else iteration) // 4)
         return {"rollout/decisions": float(decisions), "charts/samples": 8 * decisions}
 
     def iteration_s(self, plan: Plan, shape: dict | None = None) -> float:
@@ -225,8 +226,7 @@ def test_episodic_iterations_that_grow_are_measured_as_full_ones():
         expected = pipeline.factors(m.plan)
         assert m.factors == pytest.approx({c: expected.get(c, 1.0) for c in METRIC})
         # the iterations measured took 2-4 of 16 decisions: well under half a full one's time ...
-        ran = [pipeline.iteration_s(m.plan, {"rollout/decisions": 2.0 + i // 4, "charts/samples": 8 * (2 + i // 4)})
-               for i in m.iterations]
+        ran = [pipeline.iteration_s(m.plan, pipeline.shape(i)) for i in m.iterations]
         assert max(ran) < 0.5 * truth[m.plan.key()]
         # they were measured for about MEASURE_S seconds of what they took, not of what they stand for
         assert sum(ran) >= MEASURE_S or len(m.iterations) == MAX_ITERATIONS
