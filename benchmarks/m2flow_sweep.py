@@ -4,16 +4,18 @@ For each recipe of :data:`SWEEP_RECIPES` (or ``--recipes``): profile (cached per
 hardware; ``--reprofile`` measures again), plan, and calibrate as a run of the recipe would
 (:mod:`pipelines.calibrate`: the planner's best candidates measured over the first iterations,
 within ``plan.calibrate`` of the recipe's iterations; the plan a run settles on and its corrected
-prediction), and time the run's own next iterations under that plan against that prediction (what
+prediction), and time the run's own next iterations under that plan (``--measure-s`` seconds of
+them, the time a plan's rounds take together) against that prediction (what
 a user's run logs, before any re-planning, and what ``benchmarks.m2flow_learning`` reports for the
 default job). Then build the workers of *every* candidate plan of the planner's table (each
 distinct placement, chunk count, offload set and micro-batch, up to ``--max-chunks`` chunks; the
 sequential plan always) afresh and run ``--warmup`` untimed then ``--iterations`` timed training
 iterations of it, in each of ``--rounds`` rounds (2 by default) that interleave the plans, forward
 then backward, so that a host whose speed wanders over minutes favours none (more iterations until
-a plan's rounds took ``--measure-s`` seconds, 3 by default: CartPole's 0.15 s
-iterations on a host whose speed wanders put two plans 7% apart on 0.5 s of them, calibration's
-measure; an episodic iteration that ended early counts its own seconds, not the full iteration's
+a plan's rounds took ``--measure-s`` seconds, 8 by default: CartPole's 0.15 s
+iterations on a host whose speed wanders put two plans 7% apart on 0.5 s of them, and this host
+runs the same plan's CartPole iterations 25% faster or slower for a few seconds at a time, so that
+1.5 s windows of them missed a prediction by -16% and +20% that 8 s of them met; an episodic iteration that ended early counts its own seconds, not the full iteration's
 it stands for; each row reports how well its median is known, its relative standard error,
 and where its iterations' seconds went: collection, simulator and policy calls, the update),
 re-planning off. Per recipe it reports each candidate's predicted (probes alone,
@@ -94,7 +96,7 @@ QUICK_RECIPES = ("cartpole_ppo", "cartpole_grpo")
 FIXED = ("plan.replan_threshold=0", "plan.learn=false", "logging.tensorboard=false", "logging.wandb=false")
 #: seconds of timed iterations per plan, and the most iterations they may take (``--quick``, a
 #: correctness check rather than a measurement: half a second, and calibration's ``MAX_ITERATIONS``)
-SWEEP_MEASURE_S, SWEEP_MAX_ITERATIONS = 3.0, 40
+SWEEP_MEASURE_S, SWEEP_MAX_ITERATIONS = 8.0, 40
 QUICK_MEASURE_S = 0.5
 #: rounds each plan is measured in, interleaved with the others' (forward, then backward): on this
 #: host HalfCheetah's streams and hybrid plans measured a few minutes apart came out 14% one way,
@@ -231,7 +233,7 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
         sequential = sequential_plan(workflow, resources, profile)
         with host_window() as calibration_host:  # the host's speed while calibration (and the run after it) measured
             calibrated, calibrator, calibration_iterations, continued = calibrate(
-                cfg, cluster, args.iterations, args.measure_s / args.rounds, args.max_iterations)
+                cfg, cluster, args.iterations, args.measure_s, args.max_iterations)
         own = run_error(continued)
         chosen_plan = calibrated.plan if calibrated is not None else result.best
         corrected = {p.key(): s for p, s in calibrated.predictions} if calibrated is not None else {}

@@ -203,7 +203,9 @@ class PlanConfig:
     """Calibration before the run settles on a plan: the planner's best candidates run the first
     training iterations, each for a few, and the fastest measured one is kept, its prediction
     corrected by what it measured (docs/planner.md#calibration). The most of the run's iterations
-    calibration may take; 0 keeps the planner's first choice and its probe-based prediction."""
+    calibration may run under plans other than the planner's choice (measuring the choice itself
+    costs nothing: the run would run it anyway); 0 keeps the planner's first choice and its
+    probe-based prediction."""
     replan_threshold: float = 0.25
     """Re-plan between iterations when the median measured iteration time of a window of
     iterations differs from the prediction by more than this fraction (0 disables re-planning)."""

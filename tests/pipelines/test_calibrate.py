@@ -19,7 +19,7 @@ from pipelines.config import EmbodiedConfig
 from pipelines.embodied import EmbodiedWorkflow
 from pipelines.replan import rescale
 from pipelines.workflow import Layout
-from scheduler import ComponentProfile, CostModel, Plan, Profile, predict
+from scheduler import MODES, ComponentProfile, CostModel, Plan, Profile, predict
 
 METRIC = {"env": "time/sim_s", "rollout": "time/infer_s", "trainer": "time/train_s"}
 
@@ -106,7 +106,9 @@ def test_calibration_finds_the_plan_the_probes_misprice_and_predicts_it():
     # the first iteration is the warm-up: run under the planner's choice, measured by nobody
     assert runs[0].key() == result.best.key()
     assert settled.measurements[0].iterations[0] == 2
-    assert len(runs) - 1 <= calibrator.budget
+    # the budget holds the iterations under plans other than the planner's choice (measuring the
+    # choice is free: the run would run it anyway)
+    assert sum(p.key() != result.best.key() for p in runs) == calibrator.spent <= calibrator.budget
     # each measurement: its factors and the runtime's own seconds, recovered from the metrics
     for m in settled.measurements:
         expected = pipeline.factors(m.plan)
@@ -143,18 +145,47 @@ def test_calibration_spends_at_most_its_share_and_is_off_at_zero():
     pipeline = Pipeline(workflow, profile, {"colocated": {"rollout": 3.0}, "hybrid": {"env": 2.0},
                                             "disaggregated": {"trainer": 2.0}}, runtime_s=0.0)
     calibrator = Calibrator(workflow, share=0.1)
-    calibrator.start(result, profile, iterations_left=60)  # 6 iterations: room for 1-3 plans
+    calibrator.start(result, profile, iterations_left=60)  # 6 iterations: room for 1-2 plans beside the choice
     settled, runs = _calibrate(calibrator, pipeline, workflow.layout_of(result.best))
-    assert sum(len(m.iterations) for m in settled.measurements) <= 6
-    assert len(runs) - 1 <= 6
+    others = [m for m in settled.measurements if m.plan.key() != result.best.key()]
+    assert sum(len(m.iterations) for m in others) <= 6
+    assert sum(p.key() != result.best.key() for p in runs) <= 6
 
     off = Calibrator(workflow, share=0.0)
     off.start(result, profile, iterations_left=1000)
     assert not off.active
     assert off.observe(1, pipeline.run(workflow.layout_of(result.best)), workflow.layout_of(result.best)) is None
     short = Calibrator(workflow, share=0.1)
-    short.start(result, profile, iterations_left=iterations_for(result.best.predicted_iteration_s) * 10 - 1)  # less than one measurement
+    short.start(result, profile, iterations_left=iterations_for(result.best.predicted_iteration_s))  # the warm-up and less than one measurement
     assert not short.active
+
+
+def test_a_run_whose_share_holds_no_other_plan_still_measures_the_choice():
+    """CartPole GRPO's 25 iterations give a share of 0.1 two iterations: too few for another plan,
+    but measuring the planner's choice is free (the run would run it anyway). The run measures it
+    within its iterations and settles on it, priced with what the probes leave out (its neighbours'
+    slowdown, the runtime's own seconds per iteration)."""
+    workflow, profile = _workflow(), _profile()
+    result = workflow.plan(profile)
+    pipeline = Pipeline(workflow, profile, {mode: {"rollout": 1.5, "env": 1.3} for mode in MODES}, runtime_s=0.05)
+    needed = iterations_for(result.best.predicted_iteration_s)
+    calibrator = Calibrator(workflow, share=0.1)
+    calibrator.start(result, profile, iterations_left=25)
+    assert calibrator.budget < needed and calibrator.active
+    settled, runs = _calibrate(calibrator, pipeline, workflow.layout_of(result.best))
+    assert [m.plan.key() for m in settled.measurements] == [result.best.key()]
+    assert all(p.key() == result.best.key() for p in runs) and len(runs) <= 25
+    assert settled.plan.key() == result.best.key() and calibrator.spent == 0
+    truth = pipeline.iteration_s(result.best)
+    assert result.best.predicted_iteration_s < truth / 1.2  # the probes alone: far below
+    assert settled.plan.predicted_iteration_s == pytest.approx(truth)
+    assert settled.measurements[0].residual_s == pytest.approx(0.05)
+    # a run of just the warm-up and one measurement still measures it, within the run
+    tight = Calibrator(workflow, share=0.1)
+    tight.start(result, profile, iterations_left=needed + 1)
+    assert tight.active
+    settled, runs = _calibrate(tight, pipeline, workflow.layout_of(result.best))
+    assert len(runs) <= needed + 1 and settled.plan.predicted_iteration_s == pytest.approx(truth)
 
 
 def test_config_rejects_a_share_outside_zero_to_one():
@@ -279,7 +310,7 @@ def test_a_noisy_host_gets_longer_measurements_within_the_budget():
     _, result, _, calibrator, settled, runs = _settled(noisy, share=0.5, iterations_left=100)
     first = settled.measurements[0]
     assert len(first.iterations) > iterations_for(first.iteration_s)  # more than MEASURE_S alone asks for
-    assert len(runs) - 1 <= calibrator.budget
+    assert calibrator.spent <= calibrator.budget
     steady = Pipeline(workflow, profile, {}, runtime_s=0.02)
     *_, quiet, _ = _settled(steady, share=0.5, iterations_left=100)
     assert len(quiet.measurements[0].iterations) == iterations_for(quiet.measurements[0].iteration_s)
