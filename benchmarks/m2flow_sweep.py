@@ -95,9 +95,9 @@ QUICK_RECIPES = ("cartpole_ppo", "cartpole_grpo")
 #: every run of the sweep: measured as planned (no re-planning, no learning into the cache)
 FIXED = ("plan.replan_threshold=0", "plan.learn=false", "logging.tensorboard=false", "logging.wandb=false")
 #: seconds of timed iterations per plan, and the most iterations they may take (``--quick``, a
-#: correctness check rather than a measurement: half a second, and calibration's ``MAX_ITERATIONS``)
+#: correctness check rather than a measurement: half a second, at most 10 iterations)
 SWEEP_MEASURE_S, SWEEP_MAX_ITERATIONS = 8.0, 40
-QUICK_MEASURE_S = 0.5
+QUICK_MEASURE_S, QUICK_MAX_ITERATIONS = 0.5, 10
 #: rounds each plan is measured in, interleaved with the others' (forward, then backward): on this
 #: host HalfCheetah's streams and hybrid plans measured a few minutes apart came out 14% one way,
 #: and alternated run after run 15% the other way (docs/benchmarks.md)
@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--measure-s", type=float, default=None,
                         help=f"time each plan at least this many seconds (default {SWEEP_MEASURE_S}; quick {QUICK_MEASURE_S})")
     parser.add_argument("--max-iterations", type=int, default=None,
-                        help=f"at most this many timed iterations per plan (default {SWEEP_MAX_ITERATIONS}; quick {MAX_ITERATIONS})")
+                        help=f"at most this many timed iterations per plan (default {SWEEP_MAX_ITERATIONS}; quick {QUICK_MAX_ITERATIONS})")
     parser.add_argument("--rounds", type=int, default=None,
                         help=f"measure every plan in this many interleaved rounds, --measure-s split between them "
                              f"(default {SWEEP_ROUNDS}; quick 1)")
@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.iterations = args.iterations or (1 if args.quick else 3)
     args.max_chunks = args.max_chunks or (2 if args.quick else 4)
     args.measure_s = args.measure_s if args.measure_s is not None else (QUICK_MEASURE_S if args.quick else SWEEP_MEASURE_S)
-    args.max_iterations = args.max_iterations or (MAX_ITERATIONS if args.quick else SWEEP_MAX_ITERATIONS)
+    args.max_iterations = args.max_iterations or (QUICK_MAX_ITERATIONS if args.quick else SWEEP_MAX_ITERATIONS)
     args.rounds = args.rounds if args.rounds is not None else (1 if args.quick else SWEEP_ROUNDS)
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")

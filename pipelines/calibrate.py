@@ -48,13 +48,15 @@ from scheduler import Plan, PlanResult, Profile, predict
 
 #: a measured plan gets at least this many seconds of iterations (short iterations are noisy: this
 #: host's speed moves within seconds, and CartPole PPO calibrated on three iterations, 0.54 s, with
-#: the env's calls at 1.40x their probe, then ran 26% faster than so predicted; docs/benchmarks.md) ...
-MEASURE_S = 2.0
+#: the env's calls at 1.40x their probe, then ran 26% faster than so predicted; and this host runs
+#: a plan's CartPole iterations 25% faster or slower for a few seconds at a time: calibrations of
+#: 10 iterations, 1.2-1.6 s, missed the same plan's next 8 s by -12% to +13.5%; docs/benchmarks.md) ...
+MEASURE_S = 4.0
 #: ... and more while the median of its iterations is not yet known to this (relative standard
 #: error): on a host whose speed drifts, two iterations can sit 30% apart ...
 TARGET_RSE = 0.03
 #: ... within these many iterations
-MIN_ITERATIONS, MAX_ITERATIONS = 2, 10
+MIN_ITERATIONS, MAX_ITERATIONS = 2, 30
 #: ... and the spread is judged from no fewer than these: two iterations that happen to agree
 #: within 4.6% (TARGET_RSE for two) say little about a host whose iterations spread 8-10%: a
 #: quarter to a third of such pairs agree by chance, and HalfCheetah's and PushCube GRPO's

@@ -10,17 +10,16 @@ import pytest
 
 import benchmarks.common as common
 import benchmarks.m2flow_sweep as sweep
-from pipelines.calibrate import MAX_ITERATIONS
 from scheduler import Plan, PlanResult, Timeline
 
 
 def measured_as_quick_measures(times: list[float], at_least: int) -> bool:
     """Whether ``times`` are the iterations ``--quick`` times a plan for: at least ``at_least``,
     then more until they took QUICK_MEASURE_S seconds (what they took, not the full iterations an
-    episodic one stands for), at most calibration's MAX_ITERATIONS."""
-    n, enough = len(times), sweep.QUICK_MEASURE_S
-    done = n >= at_least and (sum(times) >= enough or n >= MAX_ITERATIONS)
-    one_fewer_was_not = n == at_least or (sum(times[:-1]) < enough and n - 1 < MAX_ITERATIONS)
+    episodic one stands for), at most QUICK_MAX_ITERATIONS."""
+    n, enough, most = len(times), sweep.QUICK_MEASURE_S, sweep.QUICK_MAX_ITERATIONS
+    done = n >= at_least and (sum(times) >= enough or n >= most)
+    one_fewer_was_not = n == at_least or (sum(times[:-1]) < enough and n - 1 < most)
     return done and one_fewer_was_not
 
 

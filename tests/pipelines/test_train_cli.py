@@ -330,7 +330,7 @@ def test_calibration_measures_candidates_first_and_settles_on_the_fastest(tmp_pa
     """The first iterations run the planner's best candidates; the run keeps the fastest one it
     measured, predicts it from that measurement, and says so in the log, the metrics and plan.json."""
     run = tmp_path / "calibrate"
-    result = embodied("train", "cartpole_ppo", "algo.total_env_steps=12800", "plan.calibrate=0.5", "plan.replan_threshold=0",
+    result = embodied("train", "cartpole_ppo", "algo.total_env_steps=12800", "plan.calibrate=0.3", "plan.replan_threshold=0",
                       f"run.dir={run}", "logging.wandb=false", "eval.episodes=2")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[m2flow] calibrated on iterations 2-" in result.stderr
@@ -345,7 +345,11 @@ def test_calibration_measures_candidates_first_and_settles_on_the_fastest(tmp_pa
     calibrating = [r["iteration"] for r in rows if r.get("plan/calibrating")]
     # the warm-up, then each measured plan's iterations, back to back from the start
     assert calibrating == list(range(1, len(calibrating) + 1))
-    assert len(calibrating) == 1 + sum(len(m["iterations"]) for m in measured) <= 1 + 25
+    assert len(calibrating) == 1 + sum(len(m["iterations"]) for m in measured)
+    # the planner's choice first, at no cost to the budget (the run would run it anyway); the other
+    # plans within 30% of the run's 50 iterations
+    assert (measured[0]["plan"]["mode"], measured[0]["plan"]["num_chunks"]) == (rows[0]["plan/mode"], rows[0]["plan/chunks"])
+    assert sum(len(m["iterations"]) for m in measured[1:]) <= 15
     settled = [r for r in rows if r.get("plan/calibrated")]
     assert len(settled) == 1 and settled[0]["iteration"] == calibrating[-1]
     after = rows[len(calibrating):]
