@@ -14,10 +14,10 @@ iterations of it, in each of ``--rounds`` rounds (2 by default) that interleave 
 then backward, so that a host whose speed wanders over minutes favours none (more iterations until
 a plan's rounds took ``--measure-s`` seconds, 8 by default: CartPole's 0.15 s
 iterations on a host whose speed wanders put two plans 7% apart on 0.5 s of them, and this host
-runs the same plan's CartPole iterations 25% faster or slower for a few seconds at a time, so that
-1.5 s windows of them missed a prediction by -16% and +20% that 8 s of them met; an episodic iteration that ended early counts its own seconds, not the full iteration's
-it stands for; each row reports how well its median is known, its relative standard error,
-and where its iterations' seconds went: collection, simulator and policy calls, the update),
+runs the same plan's CartPole iterations 25% faster or slower for a few seconds at a time: 1.5 s
+windows of the run's own iterations missed by -16% and +20%, 8 s of them within 9% since; an
+episodic iteration that ended early counts its own seconds, not the full iteration's it stands for;
+each row reports how well its median is known, its relative standard error, and where its iterations' seconds went: collection, simulator and policy calls, the update),
 re-planning off. Per recipe it reports each candidate's predicted (probes alone,
 and corrected by calibration) and measured seconds per iteration (an episodic GRPO iteration ends
 once its episodes are over, sooner while the policy is young: each is predicted as it ran, at the

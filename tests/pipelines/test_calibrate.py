@@ -156,7 +156,8 @@ def test_calibration_spends_at_most_its_share_and_is_off_at_zero():
     assert not off.active
     assert off.observe(1, pipeline.run(workflow.layout_of(result.best)), workflow.layout_of(result.best)) is None
     short = Calibrator(workflow, share=0.1)
-    short.start(result, profile, iterations_left=iterations_for(result.best.predicted_iteration_s))  # the warm-up and less than one measurement
+    # the warm-up and less than one measurement
+    short.start(result, profile, iterations_left=iterations_for(result.best.predicted_iteration_s))
     assert not short.active
 
 
