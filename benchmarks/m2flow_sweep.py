@@ -17,7 +17,8 @@ iterations on a host whose speed wanders put two plans 7% apart on 0.5 s of them
 runs the same plan's CartPole iterations 25% faster or slower for a few seconds at a time: 1.5 s
 windows of the run's own iterations missed by -16% and +20%, 8 s of them within 9% since; an
 episodic iteration that ended early counts its own seconds, not the full iteration's it stands for;
-each row reports how well its median is known, its relative standard error, and where its iterations' seconds went: collection, simulator and policy calls, the update),
+each row reports how well its median is known, its relative standard error, and where its
+iterations' seconds went: collection, simulator and policy calls, the update),
 re-planning off. Per recipe it reports each candidate's predicted (probes alone,
 and corrected by calibration) and measured seconds per iteration (an episodic GRPO iteration ends
 once its episodes are over, sooner while the policy is young: each is predicted as it ran, at the
