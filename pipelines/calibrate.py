@@ -6,7 +6,8 @@ processes with its neighbours, and the runtime spends seconds of its own in ever
 both on the run itself. The run's first iterations (real training iterations, logged as usual)
 run under the planner's candidates, the fastest predicted first; after the run's first iteration
 (a warm-up: resets, first calls), each candidate runs about :data:`MEASURE_S` seconds of
-iterations, and more while they spread (:func:`measured_enough`: until their median is known to
+iterations (the planner's choice, measured first and free, longer: :func:`choice_window_s`), and
+more while they spread (:func:`measured_enough`: until their median is known to
 :data:`TARGET_RSE`); a candidate is measured only while the budget holds
 :func:`iterations_for` its corrected price. Each measured plan gives
 
@@ -66,15 +67,43 @@ MIN_ITERATIONS, MAX_ITERATIONS = 2, 30
 MIN_SPREAD_ITERATIONS = 3
 #: a candidate is measured while its corrected prediction is below (1 + MARGIN) x the best measured
 MARGIN = 0.05
+#: the planner's choice, whose measurement is free (the run would run it anyway) and whose price
+#: becomes the run's prediction, is measured longer: this host's speed wanders over tens of
+#: seconds, so a window's median pins a plan's time down slowly (one plan's CartPole PPO
+#: iterations over 130 s: 4 s windows spread 6.3% around their median, at most 17.5%; 8 s ones
+#: 4.0%; 16 s ones 2.4%, at most 4.6%; docs/benchmarks.md) ...
+CHOICE_MEASURE_S = 16.0
+#: ... within this share of the run's predicted seconds after the warm-up (a short run keeps
+#: :data:`MEASURE_S`: the candidates that may beat the choice are measured after it, and the plan
+#: it settles on should run most of the run) ...
+CHOICE_SHARE = 0.25
+#: ... and within these many iterations (and that share of the run's, or :data:`MAX_ITERATIONS`:
+#: on a noisy host the choice's iterations may never pin their median down to :data:`TARGET_RSE`)
+CHOICE_MAX_ITERATIONS = 120
 
 
-def iterations_for(seconds: float) -> int:
-    """Iterations of ``seconds`` each that make about :data:`MEASURE_S` seconds (within
-    :data:`MIN_SPREAD_ITERATIONS` and :data:`MAX_ITERATIONS`): what a plan expected to take
-    ``seconds`` per iteration is measured for when its iterations hold steady."""
+def iterations_for(seconds: float, measure_s: float = MEASURE_S, most: int = MAX_ITERATIONS) -> int:
+    """Iterations of ``seconds`` each that make about ``measure_s`` seconds (within
+    :data:`MIN_SPREAD_ITERATIONS` and ``most``): what a plan expected to take ``seconds`` per
+    iteration is measured for when its iterations hold steady."""
     if not seconds > 0:
         return MIN_SPREAD_ITERATIONS
-    return max(MIN_SPREAD_ITERATIONS, min(MAX_ITERATIONS, math.ceil(MEASURE_S / seconds)))
+    return max(MIN_SPREAD_ITERATIONS, min(most, math.ceil(measure_s / seconds)))
+
+
+def choice_window_s(seconds: float, run_left: int) -> float:
+    """Seconds of iterations the planner's choice is measured for, when it is predicted to take
+    ``seconds`` per iteration and the run has ``run_left`` iterations after its warm-up:
+    :data:`CHOICE_MEASURE_S`, or :data:`CHOICE_SHARE` of the run's predicted seconds where that is
+    less, and no less than :data:`MEASURE_S`."""
+    return max(MEASURE_S, min(CHOICE_MEASURE_S, CHOICE_SHARE * run_left * max(seconds, 0.0)))
+
+
+def choice_max_iterations(run_left: int) -> int:
+    """The most iterations the planner's choice is measured for, in a run of ``run_left``
+    iterations after its warm-up: :data:`CHOICE_SHARE` of them, within :data:`MAX_ITERATIONS`
+    (what any plan may take) and :data:`CHOICE_MAX_ITERATIONS`."""
+    return max(MAX_ITERATIONS, min(CHOICE_MAX_ITERATIONS, math.ceil(CHOICE_SHARE * run_left)))
 
 
 def relative_standard_error(times: list[float]) -> float:
@@ -90,19 +119,20 @@ def relative_standard_error(times: list[float]) -> float:
     return 1.2533 * sigma / math.sqrt(len(times)) / middle
 
 
-def measured_enough(times: list[float], budget_left: int, wall_s: float | None = None) -> bool:
-    """Whether iterations that took ``times`` seconds complete a measurement: about
-    :data:`MEASURE_S` seconds of them whose median is known to :data:`TARGET_RSE` (judged from
-    :data:`MIN_SPREAD_ITERATIONS` at least, up to :data:`MAX_ITERATIONS`), or fewer (no fewer
+def measured_enough(times: list[float], budget_left: int, wall_s: float | None = None, measure_s: float = MEASURE_S,
+                    most: int = MAX_ITERATIONS) -> bool:
+    """Whether iterations that took ``times`` seconds complete a measurement: about ``measure_s``
+    seconds of them whose median is known to :data:`TARGET_RSE` (judged from
+    :data:`MIN_SPREAD_ITERATIONS` at least, up to ``most`` iterations), or fewer (no fewer
     than :data:`MIN_ITERATIONS`) when calibration's budget has run out.
     ``wall_s``: the seconds they took where ``times`` are other seconds (an episodic iteration that
     ended early counted as the full one it stands for: a young CartPole GRPO policy's iterations
     take a seventh of that, and two of them, 0.26 s, had passed for 0.5 s of measurement)."""
     n = len(times)
-    if n >= MAX_ITERATIONS or (n >= MIN_ITERATIONS and budget_left <= 0):
+    if n >= most or (n >= MIN_ITERATIONS and budget_left <= 0):
         return True
     took = sum(times) if wall_s is None else wall_s
-    return n >= MIN_SPREAD_ITERATIONS and took >= MEASURE_S and relative_standard_error(times) <= TARGET_RSE
+    return n >= MIN_SPREAD_ITERATIONS and took >= measure_s and relative_standard_error(times) <= TARGET_RSE
 
 
 def _neighbours(plan: Plan, component: str) -> frozenset[str]:
@@ -185,6 +215,8 @@ class Calibrator:
         self.budget = 0  # iterations that may run under the other candidates ...
         self.spent = 0  # ... and those that did
         self.run_left = 0  # the run's iterations after the warm-up: the most the first measurement may take
+        self.choice_s = MEASURE_S  # the seconds the planner's choice is measured for (choice_window_s) ...
+        self.choice_most = MAX_ITERATIONS  # ... within these many iterations (choice_max_iterations)
         self.warmed = False
         self.samples: list[tuple[int, dict[str, Any]]] = []
         self.active = False
@@ -206,6 +238,8 @@ class Calibrator:
         self.budget = int(self.share * iterations_left)
         self.spent = 0
         self.run_left = iterations_left - 1
+        self.choice_s = choice_window_s(result.best.predicted_iteration_s, self.run_left)
+        self.choice_most = choice_max_iterations(self.run_left)
         self.warmed = False
         self.active = self.share > 0 and self.run_left >= iterations_for(result.best.predicted_iteration_s)
 
@@ -246,14 +280,14 @@ class Calibrator:
             return None
         assert self.current is not None and self.first is not None and layout.plan.key() == self.current.key()
         self.samples.append((iteration, metrics))
-        if self.current.key() == self.first.key():  # the plan the run would run anyway: while the run lasts
-            left = self.run_left - len(self.samples)
+        if self.current.key() == self.first.key():  # the plan the run would run anyway: longer, while the run lasts
+            left, window = self.run_left - len(self.samples), (self.choice_s, self.choice_most)
         else:
             self.spent += 1
-            left = self.budget - self.spent
+            left, window = self.budget - self.spent, (MEASURE_S, MAX_ITERATIONS)
         full = [self._full_s(self.current, m) for _, m in self.samples]
         took = sum(m["time/iteration_s"] for _, m in self.samples)
-        if not measured_enough(full, left, wall_s=took):
+        if not measured_enough(full, left, took, *window):
             return None
         measurement = self._measure(self.current, layout, self.samples)
         self.measured[self.current.key()] = measurement

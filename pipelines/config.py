@@ -201,7 +201,8 @@ class PlanConfig:
     """Force these components (``trainer``) to offload between phases; None follows the plan."""
     calibrate: float = 0.1
     """Calibration before the run settles on a plan: the planner's best candidates run the first
-    training iterations, each for a few, and the fastest measured one is kept, its prediction
+    training iterations, each for a few (the planner's choice up to 16 s of them, the others about
+    4 s), and the fastest measured one is kept, its prediction
     corrected by what it measured (docs/planner.md#calibration). The most of the run's iterations
     calibration may run under plans other than the planner's choice (measuring the choice itself
     costs nothing: the run would run it anyway); 0 keeps the planner's first choice and its

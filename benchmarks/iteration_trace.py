@@ -7,16 +7,27 @@ plan (``measured_factors``), and calibration's line once it settles. What it is 
 prediction goes wrong, iteration by iteration (docs/benchmarks.md, "The planner's choice measured
 for free, over 4 s").
 
-    python scripts/iteration_trace.py cartpole_grpo plan.max_chunks=2
-    python scripts/iteration_trace.py cartpole_ppo algo.total_env_steps=20000 --out trace.jsonl
+At the end, how well windows of the plan the run settled on know its time
+(:func:`window_spread`): the iterations after calibration (all but the first with
+``plan.calibrate=0``) cut into consecutive windows of about 4, 8 and 16 s, and how far their
+medians spread around the median of all. A prediction measured on one such window can hold no
+closer than that to another (why calibration measures the planner's choice 16 s,
+``pipelines.calibrate.CHOICE_MEASURE_S``).
+
+    python -m benchmarks.iteration_trace cartpole_grpo plan.max_chunks=2
+    python -m benchmarks.iteration_trace cartpole_ppo algo.total_env_steps=20000 --out trace.jsonl
+    python -m benchmarks.iteration_trace cartpole_ppo plan.calibrate=0 algo.total_env_steps=200000 --out long.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
+from typing import Any
 
+from benchmarks.m2flow_sweep import FIXED
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster
 from pipelines.config import EmbodiedConfig
@@ -24,11 +35,32 @@ from pipelines.embodied import EmbodiedWorkflow
 from pipelines.recipes import load_recipe
 from pipelines.runner import Runner
 
-#: as the sweep runs a recipe: measured as planned (no re-planning, no learning into the cache)
-FIXED = ("plan.replan_threshold=0", "plan.learn=false", "logging.tensorboard=false", "logging.wandb=false")
+#: the window lengths :func:`window_spread` reports, in seconds
+WINDOWS_S = (4.0, 8.0, 16.0)
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+def window_spread(times: list[float], windows_s: tuple[float, ...] = WINDOWS_S) -> list[dict[str, Any]]:
+    """How well a window of ``times`` (one plan's iterations, in the order they ran) knows their
+    median: per window length (seconds, as iterations of the median's length), the consecutive
+    windows' medians relative to the median of all: their spread (population standard deviation)
+    and largest deviation, and each. Lengths that leave fewer than two windows are left out."""
+    if not times:
+        return []
+    middle = statistics.median(times)
+    out = []
+    for seconds in windows_s:
+        n = max(1, round(seconds / middle))
+        windows = [times[i:i + n] for i in range(0, len(times) - n + 1, n)]
+        if len(windows) < 2:
+            continue
+        deviations = [statistics.median(w) / middle - 1 for w in windows]
+        out.append({"window_s": seconds, "iterations": n, "windows": len(windows),
+                    "spread": statistics.pstdev(deviations), "largest": max(abs(d) for d in deviations),
+                    "deviations": deviations})
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe")
     parser.add_argument("overrides", nargs="*", help="key=value overrides")
@@ -62,9 +94,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     print(f"     {row['calibrated']}", flush=True)
         finally:
             workflow.close()
+    # the settled plan's iterations: after calibration, else all but the run's first (resets, first calls)
+    settled = [r["iteration_s"] for r in rows[1:] if not r["calibrating"]]
+    spread = window_spread(settled)
+    if spread:
+        print(f"the settled plan's {len(settled)} iterations, median {statistics.median(settled):.3f} s; windows of it:")
+    for w in spread:
+        print(f"  {w['window_s']:4.0f} s ({w['iterations']} iterations) x {w['windows']}: medians spread "
+              f"{100 * w['spread']:.1f}% around the median of all, at most {100 * w['largest']:.1f}%")
     if args.out is not None:
         args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return rows
+    return {"rows": rows, "window_spread": spread}
 
 
 if __name__ == "__main__":
