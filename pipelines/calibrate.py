@@ -77,8 +77,9 @@ CHOICE_MEASURE_S = 16.0
 #: :data:`MEASURE_S`: the candidates that may beat the choice are measured after it, and the plan
 #: it settles on should run most of the run) ...
 CHOICE_SHARE = 0.25
-#: ... and within these many iterations (and that share of the run's, or :data:`MAX_ITERATIONS`:
-#: on a noisy host the choice's iterations may never pin their median down to :data:`TARGET_RSE`)
+#: ... and of its iterations (a young GRPO policy's iterations are a fraction of the full ones the
+#: run's seconds are predicted in: 6 s of CartPole GRPO's took all of its 25 iterations), within
+#: these many; past them the choice is measured as any plan
 CHOICE_MAX_ITERATIONS = 120
 
 
@@ -99,11 +100,12 @@ def choice_window_s(seconds: float, run_left: int) -> float:
     return max(MEASURE_S, min(CHOICE_MEASURE_S, CHOICE_SHARE * run_left * max(seconds, 0.0)))
 
 
-def choice_max_iterations(run_left: int) -> int:
-    """The most iterations the planner's choice is measured for, in a run of ``run_left``
-    iterations after its warm-up: :data:`CHOICE_SHARE` of them, within :data:`MAX_ITERATIONS`
-    (what any plan may take) and :data:`CHOICE_MAX_ITERATIONS`."""
-    return max(MAX_ITERATIONS, min(CHOICE_MAX_ITERATIONS, math.ceil(CHOICE_SHARE * run_left)))
+def choice_iterations(run_left: int) -> int:
+    """The iterations the planner's choice may be measured beyond what any plan is (about
+    :data:`MEASURE_S` seconds, up to :data:`MAX_ITERATIONS`), towards :func:`choice_window_s`, in a
+    run of ``run_left`` iterations after its warm-up: :data:`CHOICE_SHARE` of them, at most
+    :data:`CHOICE_MAX_ITERATIONS`."""
+    return min(CHOICE_MAX_ITERATIONS, math.ceil(CHOICE_SHARE * max(run_left, 0)))
 
 
 def relative_standard_error(times: list[float]) -> float:
@@ -216,7 +218,7 @@ class Calibrator:
         self.spent = 0  # ... and those that did
         self.run_left = 0  # the run's iterations after the warm-up: the most the first measurement may take
         self.choice_s = MEASURE_S  # the seconds the planner's choice is measured for (choice_window_s) ...
-        self.choice_most = MAX_ITERATIONS  # ... within these many iterations (choice_max_iterations)
+        self.choice_n = 0  # ... within these many iterations (choice_iterations)
         self.warmed = False
         self.samples: list[tuple[int, dict[str, Any]]] = []
         self.active = False
@@ -239,7 +241,7 @@ class Calibrator:
         self.spent = 0
         self.run_left = iterations_left - 1
         self.choice_s = choice_window_s(result.best.predicted_iteration_s, self.run_left)
-        self.choice_most = choice_max_iterations(self.run_left)
+        self.choice_n = choice_iterations(self.run_left)
         self.warmed = False
         self.active = self.share > 0 and self.run_left >= iterations_for(result.best.predicted_iteration_s)
 
@@ -280,14 +282,18 @@ class Calibrator:
             return None
         assert self.current is not None and self.first is not None and layout.plan.key() == self.current.key()
         self.samples.append((iteration, metrics))
-        if self.current.key() == self.first.key():  # the plan the run would run anyway: longer, while the run lasts
-            left, window = self.run_left - len(self.samples), (self.choice_s, self.choice_most)
-        else:
-            self.spent += 1
-            left, window = self.budget - self.spent, (MEASURE_S, MAX_ITERATIONS)
         full = [self._full_s(self.current, m) for _, m in self.samples]
         took = sum(m["time/iteration_s"] for _, m in self.samples)
-        if not measured_enough(full, left, took, *window):
+        if self.current.key() == self.first.key():  # the plan the run would run anyway: while the run lasts ...
+            left, n = self.run_left - len(self.samples), len(self.samples)
+            most = max(MAX_ITERATIONS, self.choice_n)
+            enough = measured_enough(full, left, took, MEASURE_S, most)
+            # ... and longer: towards choice_s seconds, within choice_n iterations
+            enough = enough and (took >= self.choice_s or n >= self.choice_n or n >= most or left <= 0)
+        else:
+            self.spent += 1
+            enough = measured_enough(full, self.budget - self.spent, took)
+        if not enough:
             return None
         measurement = self._measure(self.current, layout, self.samples)
         self.measured[self.current.key()] = measurement

@@ -16,7 +16,7 @@ import pytest
 from embodied.config import apply_overrides
 from embodied.errors import ConfigError
 from pipelines.calibrate import (CHOICE_MAX_ITERATIONS, CHOICE_MEASURE_S, MARGIN, MAX_ITERATIONS, MEASURE_S, TARGET_RSE,
-                                 Calibrator, choice_max_iterations, choice_window_s, iterations_for, measured_enough, relative_standard_error)
+                                 Calibrator, choice_iterations, choice_window_s, iterations_for, measured_enough, relative_standard_error)
 from pipelines.config import EmbodiedConfig
 from pipelines.embodied import EmbodiedWorkflow
 from pipelines.replan import rescale
@@ -117,8 +117,8 @@ def test_calibration_finds_the_plan_the_probes_misprice_and_predicts_it():
         assert m.factors == pytest.approx({c: expected.get(c, 1.0) for c in METRIC})
         assert m.residual_s == pytest.approx(0.02)
         # about MEASURE_S seconds of its iterations; the planner's choice (free) longer
-        window = (calibrator.choice_s, calibrator.choice_most) if m.plan.key() == result.best.key() else ()
-        assert len(m.iterations) == iterations_for(m.iteration_s, *window)
+        longer = iterations_for(m.iteration_s, calibrator.choice_s, calibrator.choice_n) if m.plan.key() == result.best.key() else 0
+        assert len(m.iterations) == max(iterations_for(m.iteration_s), longer)
     # every candidate priced like its measured neighbours: unmeasured plans of a measured mode exactly
     measured_modes = {m.plan.mode for m in settled.measurements}
     for plan, seconds in settled.predictions:
@@ -226,15 +226,15 @@ def test_the_choice_is_measured_longer_within_a_quarter_of_the_run():
     """The planner's choice is measured free (the run would run it anyway) and its price becomes
     the run's prediction: a long run measures it CHOICE_MEASURE_S (a host whose speed wanders over
     tens of seconds pins a plan's time down slowly), the candidates that may beat it MEASURE_S
-    each; a short run measures it within a quarter of its predicted seconds, and no less than
-    MEASURE_S."""
+    each; a short run measures it longer only within a quarter of its predicted seconds and of its
+    iterations (a young GRPO policy's iterations are a fraction of the full ones its seconds are
+    predicted in), and no less than any plan."""
     assert choice_window_s(0.2, 10_000) == CHOICE_MEASURE_S
     assert choice_window_s(0.2, 200) == pytest.approx(0.25 * 200 * 0.2)  # 10 s: a quarter of a 40 s run
     assert choice_window_s(0.2, 40) == MEASURE_S and choice_window_s(0.0, 10_000) == MEASURE_S
-    # and within a quarter of the run's iterations (a noisy host's may never settle to TARGET_RSE),
-    # no fewer than any plan may take
-    assert choice_max_iterations(10_000) == CHOICE_MAX_ITERATIONS and choice_max_iterations(400) == 100
-    assert choice_max_iterations(49) == MAX_ITERATIONS
+    # and within a quarter of the run's iterations
+    assert choice_iterations(10_000) == CHOICE_MAX_ITERATIONS and choice_iterations(400) == 100
+    assert choice_iterations(24) == 6 and choice_iterations(0) == 0
     # the env runs 2x slower beside the rollout: the candidates that may beat the choice are measured after it
     workflow, profile = _workflow("cluster.backend=local"), _profile()
     result = workflow.plan(profile)
@@ -247,7 +247,7 @@ def test_the_choice_is_measured_longer_within_a_quarter_of_the_run():
     first, *others = settled.measurements
     assert first.plan.key() == result.best.key() and others
     took = len(first.iterations) * seconds
-    assert long.choice_most == CHOICE_MAX_ITERATIONS
+    assert long.choice_n == CHOICE_MAX_ITERATIONS
     assert CHOICE_MEASURE_S <= took < CHOICE_MEASURE_S + seconds or len(first.iterations) == CHOICE_MAX_ITERATIONS
     for m in others:
         assert len(m.iterations) == iterations_for(m.iteration_s)
@@ -258,7 +258,16 @@ def test_the_choice_is_measured_longer_within_a_quarter_of_the_run():
     assert MEASURE_S < short.choice_s < CHOICE_MEASURE_S
     assert short.choice_s == pytest.approx(0.25 * 29 * result.best.predicted_iteration_s)
     settled, _ = _calibrate(short, pipeline, workflow.layout_of(result.best))
-    assert len(settled.measurements[0].iterations) < len(first.iterations)
+    assert len(settled.measurements[0].iterations) == iterations_for(seconds, short.choice_s, short.choice_n) < len(first.iterations)
+    # iterations far shorter than the full ones the run's seconds are predicted in (a young GRPO
+    # policy's): a quarter of the run's iterations, then as any plan (about MEASURE_S seconds)
+    young = Calibrator(workflow, share=0.5)
+    young.start(result, profile, iterations_left=30)
+    quick = Pipeline(workflow, profile, {}, runtime_s=0.0)
+    quick.iteration_s = lambda plan: 0.45  # 9 make MEASURE_S; 8 are a quarter of the run
+    settled, _ = _calibrate(young, quick, workflow.layout_of(result.best))
+    assert young.choice_n == 8 and len(settled.measurements[0].iterations) == iterations_for(0.45) == 9
+    assert iterations_for(0.45, young.choice_s, CHOICE_MAX_ITERATIONS) > 9  # the seconds alone would ask for more
 
 
 class GrowingEpisodes(Pipeline):
@@ -354,7 +363,7 @@ def test_a_noisy_host_gets_longer_measurements_within_the_budget():
     noisy = NoisyPipeline(workflow, profile, {}, runtime_s=0.02)
     _, result, _, calibrator, settled, runs = _settled(noisy, share=0.5, iterations_left=100)
     first = settled.measurements[0]
-    window = (calibrator.choice_s, calibrator.choice_most)
+    window = (calibrator.choice_s, calibrator.choice_n)  # the planner's choice: measured longer (free)
     assert len(first.iterations) > iterations_for(first.iteration_s, *window)  # more than the window alone asks for
     assert calibrator.spent <= calibrator.budget
     steady = Pipeline(workflow, profile, {}, runtime_s=0.02)
