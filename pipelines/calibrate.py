@@ -286,10 +286,9 @@ class Calibrator:
         took = sum(m["time/iteration_s"] for _, m in self.samples)
         if self.current.key() == self.first.key():  # the plan the run would run anyway: while the run lasts ...
             left, n = self.run_left - len(self.samples), len(self.samples)
-            most = max(MAX_ITERATIONS, self.choice_n)
-            enough = measured_enough(full, left, took, MEASURE_S, most)
+            enough = measured_enough(full, left, took, MEASURE_S, max(MAX_ITERATIONS, self.choice_n))
             # ... and longer: towards choice_s seconds, within choice_n iterations
-            enough = enough and (took >= self.choice_s or n >= self.choice_n or n >= most or left <= 0)
+            enough = enough and (took >= self.choice_s or n >= self.choice_n or left <= 0)
         else:
             self.spent += 1
             enough = measured_enough(full, self.budget - self.spent, took)
