@@ -9,13 +9,16 @@ them, the time a plan's rounds take together) against that prediction (what
 a user's run logs, before any re-planning, and what ``benchmarks.m2flow_learning`` reports for the
 default job). Then build the workers of *every* candidate plan of the planner's table (each
 distinct placement, chunk count, offload set and micro-batch, up to ``--max-chunks`` chunks; the
-sequential plan always) afresh and run ``--warmup`` untimed then ``--iterations`` timed training
-iterations of it, in each of ``--rounds`` rounds (2 by default) that interleave the plans, forward
-then backward, so that a host whose speed wanders over minutes favours none (more iterations until
-a plan's rounds took ``--measure-s`` seconds, 8 by default: CartPole's 0.15 s
-iterations on a host whose speed wanders put two plans 7% apart on 0.5 s of them, and this host
-runs the same plan's CartPole iterations 25% faster or slower for a few seconds at a time: 1.5 s
-windows of the run's own iterations missed by -16% and +20%, 8 s of them within 9% since; an
+sequential plan always) afresh, load the trainer state the run had reached into them (every
+candidate steps the policy the run's own iterations step: a fresh one's do less simulator work),
+and run ``--warmup`` untimed then ``--iterations`` timed training iterations of it, in each of
+``--rounds`` rounds (2 by default) that interleave the plans, forward then backward, so that a host
+whose speed wanders over minutes favours none (more iterations until a plan's rounds took
+``--measure-s`` seconds, 16 by default, as long as calibration measures the planner's choice
+(:data:`pipelines.calibrate.CHOICE_MEASURE_S`): CartPole's 0.15 s iterations on a host whose speed
+wanders put two plans 7% apart on 0.5 s of them, this host runs the same plan's CartPole
+iterations 25% faster or slower for a few seconds at a time, and consecutive 8 s windows of
+PushCube GRPO's iterations under one plan spread 12% around their median, 16 s ones 9%; an
 episodic iteration that ended early counts its own seconds, not the full iteration's it stands for;
 each row reports how well its median is known, its relative standard error, and where its
 iterations' seconds went: collection, simulator and policy calls, the update),
@@ -58,7 +61,15 @@ from benchmarks.common import RESULTS, command_of, host_window, write_result
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster
 from pipelines.config import EmbodiedConfig
-from pipelines.calibrate import MAX_ITERATIONS, MEASURE_S, Calibrated, Calibrator, relative_standard_error
+from pipelines.calibrate import (
+    CHOICE_MAX_ITERATIONS,
+    CHOICE_MEASURE_S,
+    MAX_ITERATIONS,
+    MEASURE_S,
+    Calibrated,
+    Calibrator,
+    relative_standard_error,
+)
 from pipelines.embodied import EmbodiedWorkflow
 from pipelines.planning import plan_embodied, profile_embodied, resources_of, workflow_of
 from pipelines.replan import rescale
@@ -95,9 +106,10 @@ SWEEP_RECIPES = (
 QUICK_RECIPES = ("cartpole_ppo", "cartpole_grpo")
 #: every run of the sweep: measured as planned (no re-planning, no learning into the cache)
 FIXED = ("plan.replan_threshold=0", "plan.learn=false", "logging.tensorboard=false", "logging.wandb=false")
-#: seconds of timed iterations per plan, and the most iterations they may take (``--quick``, a
+#: seconds of timed iterations per plan, and the most iterations they may take: as calibration
+#: measures the planner's choice, whose price is the prediction checked (``--quick``, a
 #: correctness check rather than a measurement: half a second, at most 10 iterations)
-SWEEP_MEASURE_S, SWEEP_MAX_ITERATIONS = 8.0, 40
+SWEEP_MEASURE_S, SWEEP_MAX_ITERATIONS = CHOICE_MEASURE_S, CHOICE_MAX_ITERATIONS
 QUICK_MEASURE_S, QUICK_MAX_ITERATIONS = 0.5, 10
 #: rounds each plan is measured in, interleaved with the others' (forward, then backward): on this
 #: host HalfCheetah's streams and hybrid plans measured a few minutes apart came out 14% one way,
@@ -133,13 +145,15 @@ def timed_enough(ran: list[dict[str, Any]], iterations: int, measure_s: float, m
 
 
 def calibrate(cfg: EmbodiedConfig, cluster: Cluster, iterations: int, measure_s: float,
-              max_iterations: int) -> tuple[Calibrated | None, Calibrator, int, list[dict[str, Any]]]:
+              max_iterations: int) -> tuple[Calibrated | None, Calibrator, int, list[dict[str, Any]], dict[str, Any]]:
     """Profile (cached), plan and calibrate as a run of ``cfg`` does; what calibration settled on
     (None when the run is too short to calibrate), the calibrator (each candidate's correction),
     the iterations it took, and the metrics of the run's next iterations under the plan it
     settled on (as :func:`measure` times a plan: ``iterations``, more up to ``measure_s`` seconds):
     the prediction against the run's own iterations, before any re-planning, as a user's run
-    logs it (``plan/measured_over_predicted``; what ``benchmarks.m2flow_learning`` reports)."""
+    logs it (``plan/measured_over_predicted``; what ``benchmarks.m2flow_learning`` reports);
+    and the trainer's state after them (the policy the run had reached, which :func:`measure`
+    starts every candidate from)."""
     workflow = EmbodiedWorkflow(cfg)
     runner = Runner(cfg, None, workflow)
     runner.start(cluster)
@@ -154,7 +168,7 @@ def calibrate(cfg: EmbodiedConfig, cluster: Cluster, iterations: int, measure_s:
             metrics = runner.step()
             if metrics.get("plan/measured_over_predicted") is not None:
                 ran.append(metrics)
-        return runner.calibrated, runner.calibrator, settling, ran
+        return runner.calibrated, runner.calibrator, settling, ran, workflow.trainer_state()
     finally:
         workflow.close()
 
@@ -172,16 +186,22 @@ def run_error(ran: list[dict[str, Any]]) -> dict[str, Any]:
 
 def measure(cfg: EmbodiedConfig, cluster: Cluster, profile: Profile, plan: Plan, warmup: int,
             iterations: int, measure_s: float = MEASURE_S,
-            max_iterations: int = MAX_ITERATIONS) -> list[dict[str, Any]]:
+            max_iterations: int = MAX_ITERATIONS, state: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The metrics of at least ``iterations`` training iterations (after ``warmup``) under exactly
     ``plan``, more until they took ``measure_s`` seconds (short iterations are noisy; by default as
-    calibration measures), at most ``max_iterations``."""
+    calibration measures), at most ``max_iterations``; on workers built afresh that continue from
+    the trainer ``state`` when given (as a resumed run does: the policy a run had reached steps its
+    simulator as the run's own iterations do, where a fresh one's do less work: PushCube GRPO's
+    first five iterations ran 12-18% shorter than its later ones, before the policy reached the
+    cube)."""
     workflow = EmbodiedWorkflow(cfg)
     runner = Runner(cfg, None, workflow)
     workflow.machine(cluster)
     layout = workflow.layout_of(plan)
     workflow.build(cluster, layout, profile)
     try:
+        if state is not None:
+            workflow.load_trainer_state(state)
         ran: list[dict[str, Any]] = []
         for _ in range(warmup):
             runner.step()
@@ -233,7 +253,7 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
         pricing.machine(cluster)
         sequential = sequential_plan(workflow, resources, profile)
         with host_window() as calibration_host:  # the host's speed while calibration (and the run after it) measured
-            calibrated, calibrator, calibration_iterations, continued = calibrate(
+            calibrated, calibrator, calibration_iterations, continued, state = calibrate(
                 cfg, cluster, args.iterations, args.measure_s, args.max_iterations)
         own = run_error(continued)
         chosen_plan = calibrated.plan if calibrated is not None else result.best
@@ -251,7 +271,8 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
         per_round_s = args.measure_s / args.rounds
         for r, i in schedule(len(plans), args.rounds):
             with host_window() as host:
-                ran = measure(cfg, cluster, profile, plans[i], args.warmup, args.iterations, per_round_s, args.max_iterations)
+                ran = measure(cfg, cluster, profile, plans[i], args.warmup, args.iterations, per_round_s, args.max_iterations,
+                              state)
             runs[i].append(ran)
             hosts[i].append(host)
             if args.rounds > 1:
@@ -296,6 +317,9 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
                 # what a full iteration measures (an early-ended one divided by its shape scale): the
                 # unit plans are compared in and the bound is in
                 "measured_full_s": statistics.median(t / sc for t, sc in zip(times, scales)),
+                # the weights version each round's first timed iteration acted with: the run's
+                # policy (its trainer state, ``run_policy_version``) and the warm-up's updates on it
+                "policy_versions": [one[0].get("weights/version") for one in runs[i]],
                 "profiled_error": error(profiled_as_ran, times),
                 "error": error(predicted_as_ran, times),
                 "host_reference_s": host["reference_s"], "host_drift": host_drift,
@@ -318,6 +342,7 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
     summary = {**summarize(rows, bound_s, calibration_iterations), **own}
     summary["calibration_host_reference_s"] = calibration_host["reference_s"]
     summary["calibration_host_steal"] = calibration_host["steal"]
+    summary["run_policy_version"] = state["version"]  # the policy every candidate was measured on
     chosen = next(r for r in rows if r["chosen"])
     bound = "-" if bound_s is None else f"{bound_s:.3f} s"
     print(f"  chosen {summary['chosen']}: {chosen['measured_s']:.3f} s, {100 * (summary['chosen_over_best'] - 1):.1f}% "

@@ -179,6 +179,9 @@ def test_quick_sweep_measures_every_candidate_of_a_recipe(tmp_path, monkeypatch)
     assert summary["run_measured_s"] == pytest.approx(statistics.median(own))
     assert summary["run_predicted_s"] == pytest.approx(chosen["predicted_s"])
     assert summary["run_error"] == pytest.approx(statistics.median((summary["run_predicted_s"] - t) / t for t in own))
+    # every candidate was measured on the policy the run had reached (its trainer state), not a fresh one
+    assert summary["run_policy_version"] >= summary["calibration_iterations"]
+    assert all(r["policy_versions"] == [summary["run_policy_version"]] for r in rows)
     # CartPole PPO iterations are full ones: per full iteration is as measured
     assert all(r["measured_full_s"] == pytest.approx(r["measured_s"]) for r in rows)
     assert summary["best_full_s"] == min(r["measured_full_s"] for r in rows)
