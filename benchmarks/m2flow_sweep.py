@@ -10,7 +10,7 @@ a user's run logs, before any re-planning, and what ``benchmarks.m2flow_learning
 default job). Then build the workers of *every* candidate plan of the planner's table (each
 distinct placement, chunk count, offload set and micro-batch, up to ``--max-chunks`` chunks; the
 sequential plan always) afresh, load the trainer state the run had reached into them (every
-candidate steps the policy the run's own iterations step: a fresh one's do less simulator work),
+candidate steps the policy the run's own iterations step: a fresh one's iterations are shorter),
 and run ``--warmup`` untimed then ``--iterations`` timed training iterations of it, in each of
 ``--rounds`` rounds (2 by default) that interleave the plans, forward then backward, so that a host
 whose speed wanders over minutes favours none (more iterations until a plan's rounds took
@@ -191,9 +191,9 @@ def measure(cfg: EmbodiedConfig, cluster: Cluster, profile: Profile, plan: Plan,
     ``plan``, more until they took ``measure_s`` seconds (short iterations are noisy; by default as
     calibration measures), at most ``max_iterations``; on workers built afresh that continue from
     the trainer ``state`` when given (as a resumed run does: the policy a run had reached steps its
-    simulator as the run's own iterations do, where a fresh one's do less work: PushCube GRPO's
-    first five iterations ran 12-18% shorter than its later ones, before the policy reached the
-    cube)."""
+    simulator as the run's own iterations do: PushCube GRPO's iterations 11-23 ran 17% longer
+    (medians) than its first five, before the policy reached the cube,
+    ``benchmarks/results/pushcube_grpo_learning_curve.json``)."""
     workflow = EmbodiedWorkflow(cfg)
     runner = Runner(cfg, None, workflow)
     workflow.machine(cluster)
