@@ -4,9 +4,11 @@ prediction it logged, and how well windows of the settled plan's iterations know
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
+import benchmarks.common as common
 import benchmarks.iteration_trace as trace
 
 
@@ -27,6 +29,33 @@ def test_window_spread_of_a_steady_plan_is_zero_and_of_a_slow_spell_is_its_share
     assert [w["window_s"] for w in trace.window_spread([0.2] * 40)] == [4.0]
 
 
+def _row(took: float, predicted: float | None, calibrating: bool = False) -> dict:
+    return {"iteration_s": took, "predicted_s": predicted, "calibrating": calibrating}
+
+
+def test_the_settled_prediction_is_judged_on_the_first_window_after_calibration():
+    # a warm-up, three calibration iterations (not judged), then the settled plan's: 0.5 s
+    # predicted, taking 0.4 s for 10 s, then 1.0 s (outside a 3.9 s window: ten iterations)
+    rows = [_row(2.0, 0.5), *[_row(0.45, 0.5, calibrating=True)] * 3, *[_row(0.4, 0.5)] * 25, *[_row(1.0, 0.5)] * 10]
+    held = trace.settled_error(rows, window_s=3.9)
+    assert held["iterations"] == 10 and held["calibration_iterations"] == 3
+    assert held["predicted_s"] == 0.5 and held["measured_s"] == 0.4 and held["error"] == pytest.approx(0.25)
+    # the whole settled run: the median iteration is still 0.4 s, the slow tail in the spread only
+    assert trace.settled_error(rows, window_s=1e9)["iterations"] == 35
+    # iterations the run logged no prediction for are not judged; fewer than two settled: nothing to judge
+    assert trace.settled_error([_row(1.0, 0.5), _row(0.4, None), _row(0.4, 0.5)]) is None
+    # a run that did not calibrate: all but its first iteration (resets, first calls)
+    plain = trace.settled_error([_row(9.0, 1.0), _row(1.0, 1.1), _row(1.0, 1.1)])
+    assert plain["iterations"] == 2 and plain["calibration_iterations"] == 0 and plain["error"] == pytest.approx(0.1)
+
+
+def test_the_errors_of_several_runs_are_summarised_with_how_many_hold():
+    spread = trace.spread_of_errors([0.05, -0.10, 0.20, 0.01])
+    assert spread["runs"] == 4 and spread["median"] == pytest.approx(0.03) and spread["mean"] == pytest.approx(0.04)
+    assert spread["largest"] == pytest.approx(0.20) and spread["within"] == 0.15 and spread["runs_within"] == 3
+    assert trace.spread_of_errors([0.3])["stdev"] == 0 and trace.spread_of_errors([0.3])["runs_within"] == 0
+
+
 @pytest.mark.slow
 def test_a_run_is_traced_iteration_by_iteration(tmp_path, monkeypatch, ray_cluster):
     monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path / "cache"))
@@ -42,3 +71,25 @@ def test_a_run_is_traced_iteration_by_iteration(tmp_path, monkeypatch, ray_clust
     assert trained and all(set(r["factors"]) == {"env", "rollout", "trainer"} for r in trained)
     assert not any(r["calibrating"] for r in rows)
     assert [json.loads(line) for line in out.read_text().splitlines()] == rows
+    # the planner's prediction against the first 16 s of iterations after the first
+    held = result["runs"][0]["settled_error"]
+    assert held["calibration_iterations"] == 0 and held["iterations"] >= 2 and held["predicted_s"] == rows[0]["predicted_s"]
+    assert result["errors"]["runs"] == 1 and result["errors"]["median"] == held["error"]
+
+
+@pytest.mark.slow
+def test_repeated_runs_each_profile_afresh_and_are_written_with_their_errors(tmp_path, monkeypatch, ray_cluster):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("EMBODIED_CACHE", str(cache))
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    result = trace.main(["cartpole_ppo", "algo.total_env_steps=2048", "algo.epochs=1", "plan.max_chunks=1",
+                         "--runs", "2", "--fresh-cache", "--name", "trace_repeats"])
+    assert len(result["runs"]) == 2 and all(len(r["rows"]) == 8 for r in result["runs"])
+    assert result["errors"]["runs"] == 2 and result["fresh_cache"]
+    # each run profiled in a cache of its own, gone after it: the user's cache untouched
+    assert not cache.exists()
+    assert os.environ["EMBODIED_CACHE"] == str(cache)
+    saved = json.loads((tmp_path / "trace_repeats.json").read_text())
+    assert saved["benchmark"] == "iteration_trace" and "--runs 2" in saved["command"] and len(saved["runs"]) == 2
+    assert saved["errors"] == pytest.approx(result["errors"]) and saved["machine"]["cpu_cores"] > 0
+
