@@ -19,12 +19,15 @@ each of the settled plan's iterations in its first :data:`SETTLED_WINDOW_S` seco
 iteration as it ran) against what it took, their median error, as the sweep's ``run_error`` is
 taken. One run is one draw of a noisy host; ``--runs N`` repeats the run (``--fresh-cache``: each
 profiling afresh, as a user's first run of the recipe does) and reports the errors' spread, and
-``--name`` writes them to ``benchmarks/results/<name>.json``.
+``--name`` writes them to ``benchmarks/results/<name>.json``; ``--settled-s 16`` ends each run
+once its settled plan ran 16 s (past the recipe's last iteration where calibration took most of
+the run, as the sweep times a run's own iterations), so that calibration runs as in a run of the
+recipe's length and is judged on as many seconds every time.
 
     python -m benchmarks.iteration_trace cartpole_grpo plan.max_chunks=2
     python -m benchmarks.iteration_trace cartpole_ppo algo.total_env_steps=20000 --out trace.jsonl
     python -m benchmarks.iteration_trace cartpole_ppo plan.calibrate=0 algo.total_env_steps=200000 --out long.jsonl
-    python -m benchmarks.iteration_trace cartpole_grpo plan.max_chunks=2 algo.total_env_steps=960000 --runs 8 --fresh-cache --name calibration_repeats
+    python -m benchmarks.iteration_trace cartpole_grpo plan.max_chunks=2 --runs 8 --fresh-cache --settled-s 16 --name calibration_repeats
 """
 
 from __future__ import annotations
@@ -106,21 +109,42 @@ def spread_of_errors(errors: list[float], within: float = WITHIN) -> dict[str, A
             "within": within, "runs_within": sum(abs(e) <= within for e in errors)}
 
 
-def trace(cfg: EmbodiedConfig) -> tuple[list[dict[str, Any]], str | None]:
+def settled_s(rows: list[dict[str, Any]]) -> tuple[int, float]:
+    """The settled plan's iterations in ``rows`` so far (as :func:`settled_error` counts them) and
+    their seconds; (0, 0.0) while calibrating."""
+    if rows and rows[-1]["calibrating"]:
+        return 0, 0.0
+    calibrating = [i for i, r in enumerate(rows) if r["calibrating"]]
+    settled = rows[calibrating[-1] + 1 if calibrating else 1:]
+    return len(settled), sum(r["iteration_s"] for r in settled)
+
+
+def trace(cfg: EmbodiedConfig, settled_window_s: float | None = None) -> tuple[list[dict[str, Any]], str | None]:
     """Run ``cfg`` as planned and calibrated, printing every iteration; its rows (one per
-    iteration) and calibration's line (None when it did not calibrate)."""
-    rows = []
+    iteration) and calibration's line (None when it did not calibrate). ``settled_window_s``:
+    stop once the settled plan's iterations took that many seconds (two at least), going on past
+    the run's last iteration where needed (as the sweep times a run's own iterations: a short
+    run's calibration may take most of it), instead of at the run's end."""
+    rows: list[dict[str, Any]] = []
     settled_line = None
+
+    def finished() -> bool:
+        if settled_window_s is None:
+            return runner.done()
+        n, seconds = settled_s(rows)
+        return n >= 2 and seconds >= settled_window_s
+
     with Cluster(cfg.cluster) as cluster:
         workflow = EmbodiedWorkflow(cfg)
         runner = Runner(cfg, None, workflow)
         try:
             runner.start(cluster)
-            while not runner.done():
+            while not finished():
+                ran, priced = runner.layout, runner.profile  # the iteration's (calibration may switch both)
                 m = runner.step()
                 runner.calibrate(m)
                 trained = m.get("time/train_s") is not None
-                factors = workflow.measured_factors(runner.profile, runner.layout, m) if trained and runner.profile else {}
+                factors = workflow.measured_factors(priced, ran, m) if trained and priced is not None and ran is not None else {}
                 row = {"iteration": m["iteration"], "decisions": m.get("rollout/decisions"), "samples": m.get("charts/samples"),
                        "iteration_s": m["time/iteration_s"], "predicted_s": m.get("plan/predicted_iteration_s"),
                        "sim_s": m.get("time/sim_s"), "infer_s": m.get("time/infer_s"), "train_s": m.get("time/train_s"),
@@ -140,6 +164,20 @@ def trace(cfg: EmbodiedConfig) -> tuple[list[dict[str, Any]], str | None]:
     return rows, settled_line
 
 
+def rounded(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with its seconds to 0.1 ms and its per-call factors to 0.001."""
+    out = {k: round(v, 4) if isinstance(v, float) and k.endswith("_s") else v for k, v in row.items()}
+    out["factors"] = {k: round(v, 3) for k, v in row["factors"].items()}
+    return out
+
+
+def result_of(args: argparse.Namespace, argv: list[str] | None, runs: list[dict[str, Any]],
+              errors: dict[str, Any] | None) -> dict[str, Any]:
+    return {"benchmark": "iteration_trace", "command": command_of("iteration_trace", argv), "recipe": args.recipe,
+            "overrides": [*FIXED, *args.overrides], "fresh_cache": args.fresh_cache, "settled_s": args.settled_s,
+            "runs": runs, "errors": errors}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe")
@@ -149,6 +187,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--fresh-cache", action="store_true",
                         help="profile afresh in each run (a temporary $EMBODIED_CACHE each), as a first run of the recipe does")
     parser.add_argument("--name", default=None, help="write every run's rows and errors to benchmarks/results/<name>.json")
+    parser.add_argument("--settled-s", type=float, default=None,
+                        help=f"stop each run once the settled plan ran this many seconds (e.g. {SETTLED_WINDOW_S:g}, the "
+                             "window its prediction is judged on), past the run's end where needed; default: at the run's end")
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
@@ -163,14 +204,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 before = os.environ.get("EMBODIED_CACHE")
                 os.environ["EMBODIED_CACHE"] = cache
                 try:
-                    rows, line = trace(cfg)
+                    rows, line = trace(cfg, args.settled_s)
                 finally:
                     if before is None:
                         os.environ.pop("EMBODIED_CACHE", None)
                     else:
                         os.environ["EMBODIED_CACHE"] = before
         else:
-            rows, line = trace(cfg)
+            rows, line = trace(cfg, args.settled_s)
         # the settled plan's iterations: after calibration, else all but the run's first (resets, first calls)
         settled = [r["iteration_s"] for r in rows[1:] if not r["calibrating"]]
         spread = window_spread(settled)
@@ -193,10 +234,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{100 * spread_all['median']:+.1f}%, mean {100 * spread_all['mean']:+.1f}%, sd {100 * spread_all['stdev']:.1f}%, "
               f"largest {100 * spread_all['largest']:.1f}%; {spread_all['runs_within']} of {len(errors)} within "
               f"{100 * spread_all['within']:.0f}%")
-    result = {"benchmark": "iteration_trace", "command": command_of("iteration_trace", argv), "recipe": args.recipe,
-              "overrides": [*FIXED, *args.overrides], "fresh_cache": args.fresh_cache, "runs": runs, "errors": spread_all}
-    if args.name:
-        print(f"wrote {write_result(args.name, result)}")
+    if args.name:  # seconds to 0.1 ms and factors to 0.001 in the committed JSON (thousands of rows)
+        saved = [{**r, "rows": [rounded(row) for row in r["rows"]]} for r in runs]
+        print(f"wrote {write_result(args.name, result_of(args, argv, saved, spread_all))}")
+    result = result_of(args, argv, runs, spread_all)
     # one run: its rows and windows at the top level, as before
     return {**result, "rows": runs[-1]["rows"], "window_spread": runs[-1]["window_spread"]}
 

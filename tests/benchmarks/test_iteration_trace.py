@@ -49,6 +49,14 @@ def test_the_settled_prediction_is_judged_on_the_first_window_after_calibration(
     assert plain["iterations"] == 2 and plain["calibration_iterations"] == 0 and plain["error"] == pytest.approx(0.1)
 
 
+def test_the_settled_seconds_count_only_after_calibration():
+    assert trace.settled_s([]) == (0, 0.0)
+    calibrating = [_row(2.0, 0.5, calibrating=True), _row(0.45, 0.5, calibrating=True)]
+    assert trace.settled_s(calibrating) == (0, 0.0)
+    assert trace.settled_s([*calibrating, _row(0.4, 0.5), _row(0.5, 0.5)]) == (2, pytest.approx(0.9))
+    assert trace.settled_s([_row(9.0, 1.0), _row(1.0, 1.0)]) == (1, 1.0)  # not calibrating: all but the first
+
+
 def test_the_errors_of_several_runs_are_summarised_with_how_many_hold():
     spread = trace.spread_of_errors([0.05, -0.10, 0.20, 0.01])
     assert spread["runs"] == 4 and spread["median"] == pytest.approx(0.03) and spread["mean"] == pytest.approx(0.04)
@@ -82,9 +90,14 @@ def test_repeated_runs_each_profile_afresh_and_are_written_with_their_errors(tmp
     cache = tmp_path / "cache"
     monkeypatch.setenv("EMBODIED_CACHE", str(cache))
     monkeypatch.setattr(common, "RESULTS", tmp_path)
+    # 8 iterations of 8 envs x 32 steps; each run goes on past them until 1.5 s of them ran
     result = trace.main(["cartpole_ppo", "algo.total_env_steps=2048", "algo.epochs=1", "plan.max_chunks=1",
-                         "--runs", "2", "--fresh-cache", "--name", "trace_repeats"])
-    assert len(result["runs"]) == 2 and all(len(r["rows"]) == 8 for r in result["runs"])
+                         "--runs", "2", "--fresh-cache", "--settled-s", "1.5", "--name", "trace_repeats"])
+    assert len(result["runs"]) == 2
+    for run in result["runs"]:
+        n, seconds = trace.settled_s(run["rows"])
+        assert seconds >= 1.5 and seconds - run["rows"][-1]["iteration_s"] < 1.5 and len(run["rows"]) > 8
+        assert run["settled_error"]["iterations"] == n
     assert result["errors"]["runs"] == 2 and result["fresh_cache"]
     # each run profiled in a cache of its own, gone after it: the user's cache untouched
     assert not cache.exists()
