@@ -81,13 +81,11 @@ def window_spread(times: list[float], windows_s: tuple[float, ...] = WINDOWS_S) 
 
 def settled_error(rows: list[dict[str, Any]], window_s: float = SETTLED_WINDOW_S) -> dict[str, Any] | None:
     """How the run's prediction held once calibration settled: over the settled plan's iterations
-    (those after calibration's last; without calibration, all but the run's first) that carry a prediction, the first
+    (:func:`settled_rows`) that carry a prediction, the first
     ones taking ``window_s`` seconds (two at least): the median of their predictions (each for the
     iteration as it ran), of their seconds, and of each one's relative error (predicted - took) /
     took. None when fewer than two such iterations ran."""
-    calibrating = [i for i, r in enumerate(rows) if r["calibrating"]]
-    start = calibrating[-1] + 1 if calibrating else 1
-    settled = [r for r in rows[start:] if r["predicted_s"] is not None]
+    settled = [r for r in settled_rows(rows) if r["predicted_s"] is not None]
     window: list[dict[str, Any]] = []
     for r in settled:
         if len(window) >= 2 and sum(w["iteration_s"] for w in window) >= window_s:
@@ -109,13 +107,16 @@ def spread_of_errors(errors: list[float], within: float = WITHIN) -> dict[str, A
             "within": within, "runs_within": sum(abs(e) <= within for e in errors)}
 
 
-def settled_s(rows: list[dict[str, Any]]) -> tuple[int, float]:
-    """The settled plan's iterations in ``rows`` so far (as :func:`settled_error` counts them) and
-    their seconds; (0, 0.0) while calibrating."""
-    if rows and rows[-1]["calibrating"]:
-        return 0, 0.0
+def settled_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The settled plan's iterations among ``rows``: those after calibration's last (none while it
+    calibrates); without calibration, all but the run's first (resets, first calls)."""
     calibrating = [i for i, r in enumerate(rows) if r["calibrating"]]
-    settled = rows[calibrating[-1] + 1 if calibrating else 1:]
+    return rows[calibrating[-1] + 1 if calibrating else 1:]
+
+
+def settled_s(rows: list[dict[str, Any]]) -> tuple[int, float]:
+    """The settled plan's iterations in ``rows`` so far (:func:`settled_rows`) and their seconds."""
+    settled = settled_rows(rows)
     return len(settled), sum(r["iteration_s"] for r in settled)
 
 
@@ -173,6 +174,7 @@ def rounded(row: dict[str, Any]) -> dict[str, Any]:
 
 def result_of(args: argparse.Namespace, argv: list[str] | None, runs: list[dict[str, Any]],
               errors: dict[str, Any] | None) -> dict[str, Any]:
+    """What a trace reports: how it was run, each run (``runs``) and the spread of their errors."""
     return {"benchmark": "iteration_trace", "command": command_of("iteration_trace", argv), "recipe": args.recipe,
             "overrides": [*FIXED, *args.overrides], "fresh_cache": args.fresh_cache, "settled_s": args.settled_s,
             "runs": runs, "errors": errors}
@@ -212,8 +214,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         os.environ["EMBODIED_CACHE"] = before
         else:
             rows, line = trace(cfg, args.settled_s)
-        # the settled plan's iterations: after calibration, else all but the run's first (resets, first calls)
-        settled = [r["iteration_s"] for r in rows[1:] if not r["calibrating"]]
+        settled = [r["iteration_s"] for r in settled_rows(rows)]
         spread = window_spread(settled)
         if spread:
             print(f"the settled plan's {len(settled)} iterations, median {statistics.median(settled):.3f} s; windows of it:")
