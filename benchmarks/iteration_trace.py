@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import command_of, write_result
-from benchmarks.m2flow_sweep import FIXED
+from benchmarks.m2flow_sweep import FIXED, error
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster
 from pipelines.config import EmbodiedConfig
@@ -54,6 +54,8 @@ WINDOWS_S = (4.0, 8.0, 16.0)
 #: the seconds of the settled plan's iterations :func:`settled_error` judges calibration's
 #: prediction on (as the sweep times the run's own iterations, ``benchmarks.m2flow_sweep``)
 SETTLED_WINDOW_S = 16.0
+#: ... of these many iterations at least (as the sweep's ``--iterations 2``)
+MIN_SETTLED = 2
 #: the error the sweep's predictions are held to (issue 15: within 15% of measured)
 WITHIN = 0.15
 
@@ -85,18 +87,26 @@ def settled_error(rows: list[dict[str, Any]], window_s: float = SETTLED_WINDOW_S
     ones taking ``window_s`` seconds (two at least): the median of their predictions (each for the
     iteration as it ran), of their seconds, and of each one's relative error (predicted - took) /
     took. None when fewer than two such iterations ran."""
-    settled = [r for r in settled_rows(rows) if r["predicted_s"] is not None]
     window: list[dict[str, Any]] = []
-    for r in settled:
-        if len(window) >= 2 and sum(w["iteration_s"] for w in window) >= window_s:
+    took = 0.0
+    for r in settled_rows(rows):
+        if window_done(len(window), took, window_s):
             break
-        window.append(r)
-    if len(window) < 2:
+        if r["predicted_s"] is not None:
+            window.append(r)
+            took += r["iteration_s"]
+    if len(window) < MIN_SETTLED:
         return None
+    predicted, times = [w["predicted_s"] for w in window], [w["iteration_s"] for w in window]
     return {"iterations": len(window), "calibration_iterations": sum(r["calibrating"] for r in rows),
-            "predicted_s": statistics.median(w["predicted_s"] for w in window),
-            "measured_s": statistics.median(w["iteration_s"] for w in window),
-            "error": statistics.median((w["predicted_s"] - w["iteration_s"]) / w["iteration_s"] for w in window)}
+            "predicted_s": statistics.median(predicted), "measured_s": statistics.median(times),
+            "error": error(predicted, times)}
+
+
+def window_done(n: int, seconds: float, window_s: float) -> bool:
+    """Whether ``n`` settled iterations that took ``seconds`` make the window a prediction is
+    judged on: :data:`MIN_SETTLED` at least, then ``window_s`` seconds."""
+    return n >= MIN_SETTLED and seconds >= window_s
 
 
 def spread_of_errors(errors: list[float], within: float = WITHIN) -> dict[str, Any]:
@@ -132,8 +142,7 @@ def trace(cfg: EmbodiedConfig, settled_window_s: float | None = None) -> tuple[l
     def finished() -> bool:
         if settled_window_s is None:
             return runner.done()
-        n, seconds = settled_s(rows)
-        return n >= 2 and seconds >= settled_window_s
+        return window_done(*settled_s(rows), settled_window_s)
 
     with Cluster(cfg.cluster) as cluster:
         workflow = EmbodiedWorkflow(cfg)
