@@ -27,6 +27,17 @@ measured plan by the model (within :data:`MARGIN`) and the budget allows (``plan
 iterations calibration may run under plans other than the planner's choice). Then the run settles on
 the fastest measured plan, whose prediction is its corrected one.
 
+A run's iterations drift while they are measured: a policy that learns makes its simulation dearer
+(the default job's PushCube steps cost 15-50% more under a policy that pushes the cube than under a
+fresh one), and this host's speed wanders. So a measurement is priced on its latest iterations
+(:func:`latest`: the last :data:`CHOICE_MEASURE_S` seconds of the choice's, :data:`MEASURE_S` of
+another's, where it ran on longer while they spread), and when the fastest plan was measured before
+others, the run measures it again after them before it settles (free: it would switch to it anyway)
+and brings every plan measured between to the pace of the run now: its time over the bracketing
+plan's where it ran, times the bracketing plan's latest (``Calibrator._bring_to_now``). A plan
+measured later is no longer taken for slower because the run had slowed by then, and the run's
+prediction is the price of its latest iterations.
+
 Measuring the planner's choice costs the run nothing (it would run that plan anyway), so a run
 measures it whenever one measurement fits in the run, however small its share: CartPole GRPO's 25
 iterations left a share of 2, too few for any measurement, and its probe-based prediction, which
@@ -108,6 +119,22 @@ def choice_iterations(run_left: int) -> int:
     return min(CHOICE_MAX_ITERATIONS, math.ceil(CHOICE_SHARE * max(run_left, 0)))
 
 
+def latest(took: list[float], seconds: float) -> int:
+    """How many of the last of iterations that took ``took`` seconds each (in the order they ran)
+    make their latest ``seconds`` (no fewer than :data:`MIN_SPREAD_ITERATIONS`, or all there are):
+    the window a measurement is priced on. A measurement that ran on past its window while its
+    iterations spread is priced on the iterations nearest the run's next ones: the default job's
+    iterations lengthen as its policy starts pushing the cube, and the median of the 28 iterations
+    one calibration measured priced its plan 10.5% under the run's next 16 s, the latest 16 s of them
+    12% over (docs/benchmarks.md)."""
+    n, total = 0, 0.0
+    for t in reversed(took):
+        n, total = n + 1, total + t
+        if total >= seconds and n >= MIN_SPREAD_ITERATIONS:
+            break
+    return n
+
+
 def relative_standard_error(times: list[float]) -> float:
     """How well ``times`` pin their median down: its standard error (from the median absolute
     deviation, so that one outlier among steady iterations does not keep it high; 1.2533 x the
@@ -165,16 +192,30 @@ class Measurement:
     that iteration's shape (the median over the measured iterations)."""
     iterations: tuple[int, ...]
     """The run's iterations (1-based) it was measured on."""
+    window: tuple[int, ...] = ()
+    """The latest of them, which its price comes from (:func:`latest`; all of them but where the
+    measurement ran on past its window while its iterations spread)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"plan": self.plan.to_dict(), "iteration_s": self.iteration_s, "factors": dict(self.factors),
-                "residual_s": self.residual_s, "iterations": list(self.iterations)}
+                "residual_s": self.residual_s, "iterations": list(self.iterations), "window": list(self.window)}
+
+    def scaled(self, ratio: float) -> Measurement:
+        """This measurement with its seconds (iteration, per-call factors, residual) times ``ratio``."""
+        return dataclasses.replace(self, iteration_s=self.iteration_s * ratio, residual_s=self.residual_s * ratio,
+                                   factors={n: f * ratio for n, f in self.factors.items()})
+
+    def middle(self) -> float:
+        """The middle of the iterations its price comes from (where on the run it stands)."""
+        window = self.window or self.iterations
+        return (window[0] + window[-1]) / 2
 
 
 @dataclass(frozen=True)
 class Calibrated:
     """What calibration settled on: the plan (its prediction the corrected one), the profile
-    rescaled by that plan's factors, every measurement, and each candidate's prices."""
+    rescaled by that plan's factors, every measurement (in the order measured: a plan measured
+    again, last, is there twice), and each candidate's prices."""
 
     plan: Plan
     profile: Profile
@@ -221,9 +262,13 @@ class Calibrator:
         self.choice_n = 0  # ... within these many iterations (choice_iterations)
         self.warmed = False
         self.samples: list[tuple[int, dict[str, Any]]] = []
+        self.used = 0  # the iterations measured so far, under every plan
+        self.history: list[Measurement] = []  # every measurement, as measured, in order
+        self.confirming = False  # measuring the fastest plan again before settling on it
         self.active = False
         self.ranked: list[tuple[Plan, float]] = []
         self.ranked_after = -1  # the number of measurements self.ranked was priced with
+        self.ranked_pace = 0  # ... and of paces brought to now (a measurement again)
 
     def start(self, result: PlanResult, profile: Profile, iterations_left: int) -> None:
         """Calibrate among ``result``'s candidates (the distinct micro flows, fastest predicted
@@ -235,6 +280,9 @@ class Calibrator:
         self.candidates = list(seen.values())
         self.measured.clear()
         self.samples.clear()
+        self.history.clear()
+        self.used = 0
+        self.confirming = False
         self.ranked_after = -1
         self.current = self.first = result.best
         self.budget = int(self.share * iterations_left)
@@ -282,10 +330,14 @@ class Calibrator:
             return None
         assert self.current is not None and self.first is not None and layout.plan.key() == self.current.key()
         self.samples.append((iteration, metrics))
+        self.used += 1
         full = [self._full_s(self.current, m) for _, m in self.samples]
         took = sum(m["time/iteration_s"] for _, m in self.samples)
-        if self.current.key() == self.first.key():  # the plan the run would run anyway: while the run lasts ...
-            left, n = self.run_left - len(self.samples), len(self.samples)
+        # the plan the run would run anyway (the planner's choice, or the fastest measured, measured
+        # again before the run settles on it) costs the budget nothing: while the run lasts ...
+        free = self.confirming or self.current.key() == self.first.key()
+        if free:
+            left, n = self.run_left - self.used, len(self.samples)
             enough = measured_enough(full, left, took, MEASURE_S, max(MAX_ITERATIONS, self.choice_n))
             # ... and longer: towards choice_s seconds, within choice_n iterations
             enough = enough and (took >= self.choice_s or n >= self.choice_n or left <= 0)
@@ -294,16 +346,26 @@ class Calibrator:
             enough = measured_enough(full, self.budget - self.spent, took)
         if not enough:
             return None
-        measurement = self._measure(self.current, layout, self.samples)
-        self.measured[self.current.key()] = measurement
+        measurement = self._measure(self.current, layout, self.samples, self.choice_s if free else MEASURE_S)
+        self.history.append(measurement)
         self.samples = []
+        if self.confirming:
+            self.confirming = False
+            self._bring_to_now(self.measured[self.current.key()], measurement)
+            return self._settled()
+        self.measured[self.current.key()] = measurement
         following = self._next()
         if following is not None:
             self.current = following
             return CalibrationStep(self.workflow.layout_of(following))
-        self.active = False
-        settled = self._settle()
-        return CalibrationStep(self.workflow.layout_of(settled.plan), settled)
+        best = min(self.measured.values(), key=lambda m: m.iteration_s)
+        if best.plan.key() != self.current.key() and iterations_for(best.iteration_s) <= self.run_left - self.used:
+            # the fastest was measured before the others: measured again (at no cost: the run
+            # switches to it anyway) before the run settles on it (see _bring_to_now)
+            self.confirming = True
+            self.current = best.plan
+            return CalibrationStep(self.workflow.layout_of(best.plan))
+        return self._settled()
 
     # --- internals ---------------------------------------------------------------------------------
     def _predict(self, plan: Plan, factors: dict[str, float], metrics: dict[str, Any] | None = None) -> float:
@@ -314,8 +376,31 @@ class Calibrator:
                              self.workflow.resources())
         return seconds
 
-    def _measure(self, plan: Plan, layout: Layout, samples: list[tuple[int, dict[str, Any]]]) -> Measurement:
+    def _settled(self) -> CalibrationStep:
+        self.active = False
+        settled = self._settle()
+        return CalibrationStep(self.workflow.layout_of(settled.plan), settled)
+
+    def _bring_to_now(self, before: Measurement, again: Measurement) -> None:
+        """The fastest plan, measured first and ``again`` after the others, brackets them: the
+        run's iterations drift as they go (a policy that learns to push the cube makes the default
+        job's simulation 15-50% dearer per step; a host whose speed wanders), and a plan measured
+        later looks slower for it. Each plan measured between is priced at the pace of the run
+        now: its time over the bracketing plan's where it ran (interpolated between ``before`` and
+        ``again``), times ``again``. The bracketing plan's price is ``again``: its latest iterations."""
+        t0, t1 = before.middle(), again.middle()
+        for key, m in self.measured.items():
+            if key != again.plan.key():
+                then = before.iteration_s + (again.iteration_s - before.iteration_s) * (m.middle() - t0) / (t1 - t0)
+                self.measured[key] = m.scaled(again.iteration_s / then)
+        self.measured[again.plan.key()] = again
+        self.ranked_pace += 1
+
+    def _measure(self, plan: Plan, layout: Layout, samples: list[tuple[int, dict[str, Any]]], window_s: float) -> Measurement:
+        """``plan``'s measurement from ``samples``, priced on their latest ``window_s`` seconds."""
         assert self.profile is not None
+        measured = tuple(i for i, _ in samples)
+        samples = samples[-latest([m["time/iteration_s"] for _, m in samples], window_s):]
         per_call = [self.workflow.measured_factors(self.profile, layout, m) for _, m in samples]
         names = sorted({n for f in per_call for n in f})
         factors = {n: statistics.median(f[n] for f in per_call if n in f) for n in names}
@@ -326,7 +411,7 @@ class Calibrator:
         # priced CartPole GRPO's later iterations 22-24% above what they took.
         residual = statistics.median(m["time/iteration_s"] - self._predict(plan, factors, m) for _, m in samples)
         seconds = self._predict(plan, factors) + residual
-        return Measurement(plan, seconds, factors, residual, tuple(i for i, _ in samples))
+        return Measurement(plan, seconds, factors, residual, measured, tuple(i for i, _ in samples))
 
     def _full_s(self, plan: Plan, metrics: dict[str, Any]) -> float:
         """The measured seconds of an iteration as those of a full one: an episodic iteration that
@@ -368,10 +453,10 @@ class Calibrator:
     def _ranked(self) -> list[tuple[Plan, float]]:
         """The candidates by corrected price, fastest first (priced once per new measurement: a
         long iteration's simulation is not free)."""
-        if self.ranked_after != len(self.measured):
+        if self.ranked_after != len(self.measured) + self.ranked_pace:
             priced = [(p, self.corrected(p)) for p in self.candidates]
             self.ranked = sorted(((p, s) for p, s in priced if s is not None), key=lambda ps: ps[1])
-            self.ranked_after = len(self.measured)
+            self.ranked_after = len(self.measured) + self.ranked_pace
         return self.ranked
 
     def _next(self) -> Plan | None:
@@ -389,12 +474,17 @@ class Calibrator:
         ranked = self._ranked()
         best = min(self.measured.values(), key=lambda m: m.iteration_s)
         plan = dataclasses.replace(best.plan, predicted_iteration_s=self.corrected(best.plan))
-        first = min(i for m in self.measured.values() for i in m.iterations)
-        last = max(i for m in self.measured.values() for i in m.iterations)
-        runs = ", ".join(f"{describe_plan(m.plan)} {m.iteration_s:.3f} s (profiled {m.plan.predicted_iteration_s:.3f})"
-                         for m in self.measured.values())
+        first = min(i for m in self.history for i in m.iterations)
+        last = max(i for m in self.history for i in m.iterations)
+        runs = ", ".join(f"{describe_plan(m.plan)} {m.iteration_s:.3f} s (profiled {m.plan.predicted_iteration_s:.3f}"
+                         + (f"; iterations {m.window[0]}-{m.window[-1]} of {m.iterations[0]}-{m.iterations[-1]})"
+                            if m.window != m.iterations else ")") for m in self.history)
+        again = ""
+        if len(self.history) > len(self.measured):  # one plan was measured again: the others priced at its pace now
+            now = {k: f"{describe_plan(m.plan)} {m.iteration_s:.3f} s" for k, m in self.measured.items() if k != self.history[-1].plan.key()}
+            again = f"; measured again last, the others at its pace now: {', '.join(now.values())}"
         factors = ", ".join(f"{n} {f:.2f}x" for n, f in best.factors.items())
-        reason = (f"calibrated on iterations {first}-{last}: {runs}; chosen {describe_plan(plan)}, predicted "
+        reason = (f"calibrated on iterations {first}-{last}: {runs}{again}; chosen {describe_plan(plan)}, predicted "
                   f"{plan.predicted_iteration_s:.3f} s/iteration (measured/profiled per call: {factors}; runtime "
                   f"{best.residual_s:+.3f} s/iteration)")
-        return Calibrated(plan, rescale(self.profile, best.factors), tuple(self.measured.values()), tuple(ranked), reason)
+        return Calibrated(plan, rescale(self.profile, best.factors), tuple(self.history), tuple(ranked), reason)

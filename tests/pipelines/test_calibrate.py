@@ -15,8 +15,9 @@ import pytest
 
 from embodied.config import apply_overrides
 from embodied.errors import ConfigError
-from pipelines.calibrate import (CHOICE_MAX_ITERATIONS, CHOICE_MEASURE_S, MARGIN, MAX_ITERATIONS, MEASURE_S, TARGET_RSE,
-                                 Calibrator, choice_iterations, choice_window_s, iterations_for, measured_enough, relative_standard_error)
+from pipelines.calibrate import (CHOICE_MAX_ITERATIONS, CHOICE_MEASURE_S, MARGIN, MAX_ITERATIONS, MEASURE_S, MIN_SPREAD_ITERATIONS,
+                                 TARGET_RSE, Calibrator, choice_iterations, choice_window_s, iterations_for, latest, measured_enough,
+                                 relative_standard_error)
 from pipelines.config import EmbodiedConfig
 from pipelines.embodied import EmbodiedWorkflow
 from pipelines.replan import rescale
@@ -249,7 +250,12 @@ def test_the_choice_is_measured_longer_within_a_quarter_of_the_run():
     took = len(first.iterations) * seconds
     assert long.choice_n == CHOICE_MAX_ITERATIONS
     assert CHOICE_MEASURE_S <= took < CHOICE_MEASURE_S + seconds or len(first.iterations) == CHOICE_MAX_ITERATIONS
-    for m in others:
+    # the choice stays the fastest: measured again after the others (free, as long), and the run settles on it
+    *between, again = others
+    assert again.plan.key() == settled.plan.key() == result.best.key() and between
+    assert len(again.iterations) == iterations_for(again.iteration_s, long.choice_s, long.choice_n)
+    assert settled.plan.predicted_iteration_s == pytest.approx(again.iteration_s) == pytest.approx(seconds)
+    for m in between:
         assert len(m.iterations) == iterations_for(m.iteration_s)
     assert sum(p.key() != result.best.key() for p in runs) == long.spent <= long.budget
     # a short run: a quarter of its predicted seconds, within the run
@@ -403,3 +409,77 @@ def test_the_runtime_residual_is_paid_per_iteration_however_early_it_ended():
     short = {"rollout/decisions": 3.0, "charts/samples": 24}
     proportional = pipeline.iteration_s(plan, short) / workflow.shape_scale(plan, settled.profile, short)
     assert proportional > plan.predicted_iteration_s + 0.05
+
+
+class DriftingPipeline(Pipeline):
+    """Every iteration ``growth`` dearer than the one before, under every plan alike (a policy
+    that learns to push the cube makes the default job's simulation dearer per step; a host that
+    slows): iteration i runs at ``pace(i) = 1 + growth * i`` times the plan's time."""
+
+    def __init__(self, *args, growth: float, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.growth, self.iteration = growth, 0
+
+    def pace(self, iteration: float) -> float:
+        return 1 + self.growth * iteration
+
+    def run(self, layout: Layout) -> dict:
+        self.iteration += 1
+        return {key: seconds * self.pace(self.iteration) for key, seconds in super().run(layout).items()}
+
+
+def test_the_fastest_plan_measured_first_is_measured_again_last_and_the_others_compared_at_its_pace():
+    """The run's iterations grow 1% dearer each. The planner's choice (hybrid, 2 chunks) is
+    measured first; colocated, truly 5% faster, is measured after it and on the dearer iterations
+    of later looks slower than the choice did. Calibration measures the fastest-looking plan again
+    after the others (free: the run switches to it anyway), prices every plan measured between at
+    the pace of the run now (its time over the bracketing plan's where it ran) and settles on the
+    truly fastest, priced for the iterations it ran last."""
+    workflow, profile = _workflow("cluster.backend=local"), _profile()
+    result = workflow.plan(profile)
+    pipeline = DriftingPipeline(workflow, profile, {"colocated": {"env": 0.9}}, runtime_s=0.0, growth=0.01)
+    calibrator = Calibrator(workflow, share=0.5)
+    calibrator.start(result, profile, iterations_left=1000)
+    settled, runs = _calibrate(calibrator, pipeline, workflow.layout_of(result.best))
+    truth = {p.key(): pipeline.iteration_s(p) for p, _ in result.candidates}
+    fastest = min(truth, key=truth.get)
+    assert fastest != result.best.key()
+    first, *between, again = settled.measurements
+    assert first.plan.key() == again.plan.key() == result.best.key() != settled.plan.key() == fastest
+    colocated = next(m for m in between if m.plan.key() == fastest)
+    assert colocated.iteration_s > first.iteration_s  # as measured, later on the run: slower than the choice
+    assert again.iteration_s > colocated.iteration_s  # ... and the choice itself, measured later still
+    # every measurement is exact at the pace of the run where its window ran
+    for m in settled.measurements:
+        assert m.window == m.iterations
+        assert m.iteration_s == pytest.approx(truth[m.plan.key()] * pipeline.pace(m.middle()))
+    # the settled plan priced at the pace of the run's latest iterations, every other measured one too
+    assert settled.plan.predicted_iteration_s == pytest.approx(truth[fastest] * pipeline.pace(again.middle()))
+    prices = dict((p.key(), s) for p, s in settled.predictions)
+    for m in between:
+        assert prices[m.plan.key()] == pytest.approx(truth[m.plan.key()] * pipeline.pace(again.middle()))
+    assert "measured again last" in settled.reason
+    # the re-measurement cost the budget nothing: only the plans between spent it
+    assert calibrator.spent == sum(len(m.iterations) for m in between) == sum(p.key() != result.best.key() for p in runs)
+
+
+def test_a_measurement_that_runs_on_while_its_iterations_drift_is_priced_on_its_latest():
+    """Iterations 3% dearer each never hold steady: the choice is measured up to its most
+    iterations (a quarter of the run's, CHOICE_MAX_ITERATIONS at most), and priced on its latest
+    CHOICE_MEASURE_S seconds (the nearest to the iterations the run goes on with), not on the
+    median of all of them, which the trend leaves far behind."""
+    assert latest([1.0] * 10, 3.0) == 3 and latest([1.0] * 2, 3.0) == 2 and latest([0.5] * 10, 1.0) == MIN_SPREAD_ITERATIONS
+    assert latest([1.0, 1.0, 5.0, 5.0, 5.0], 9.0) == 3 and latest([1.0, 1.0, 5.0, 5.0, 5.0], 15.5) == 4
+    workflow, profile = _workflow("cluster.backend=local"), _profile()
+    result = workflow.plan(profile)
+    pipeline = DriftingPipeline(workflow, profile, {}, runtime_s=0.0, growth=0.03)
+    calibrator = Calibrator(workflow, share=0.5)
+    calibrator.start(result, profile, iterations_left=1000)
+    settled, _ = _calibrate(calibrator, pipeline, workflow.layout_of(result.best), limit=1000)
+    first = settled.measurements[0]
+    assert first.plan.key() == result.best.key() and len(first.iterations) == calibrator.choice_n
+    took = [pipeline.iteration_s(first.plan) * pipeline.pace(i) for i in first.iterations]
+    assert first.window == first.iterations[-latest(took, CHOICE_MEASURE_S):] and len(first.window) < len(first.iterations) / 10
+    assert first.iteration_s == pytest.approx(pipeline.iteration_s(first.plan) * pipeline.pace(first.middle()))
+    assert first.iteration_s > 1.5 * statistics.median(took)
+    assert "iterations %d-%d of %d-%d" % (first.window[0], first.window[-1], first.iterations[0], first.iterations[-1]) in settled.reason
