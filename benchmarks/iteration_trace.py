@@ -3,7 +3,9 @@
 Per iteration: the decisions and samples it took (an episodic GRPO iteration ends when its
 episodes do), its seconds and the prediction the run logs for it, the seconds of its simulator
 calls, policy calls and update, each component's measured / profiled seconds per call under the
-plan (``measured_factors``), and calibration's line once it settles. What it is for: seeing where a
+plan (``measured_factors``), the share of the machine's CPU time the hypervisor stole meanwhile
+(``steal``, from ``/proc/stat``: a VM's vCPUs ready to run and not run), and calibration's line once
+it settles. What it is for: seeing where a
 prediction goes wrong, iteration by iteration (docs/benchmarks.md, "The planner's choice measured
 for free, over 4 s").
 
@@ -40,7 +42,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import command_of, write_result
+from benchmarks.common import command_of, cpu_times, steal_share, write_result
 from benchmarks.m2flow_sweep import FIXED, error
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster
@@ -151,20 +153,24 @@ def trace(cfg: EmbodiedConfig, settled_window_s: float | None = None) -> tuple[l
             runner.start(cluster)
             while not finished():
                 ran, priced = runner.layout, runner.profile  # the iteration's (calibration may switch both)
+                ticks = cpu_times()
                 m = runner.step()
+                stolen = steal_share(ticks, cpu_times())
                 runner.calibrate(m)
                 trained = m.get("time/train_s") is not None
                 factors = workflow.measured_factors(priced, ran, m) if trained and priced is not None and ran is not None else {}
                 row = {"iteration": m["iteration"], "decisions": m.get("rollout/decisions"), "samples": m.get("charts/samples"),
                        "iteration_s": m["time/iteration_s"], "predicted_s": m.get("plan/predicted_iteration_s"),
                        "sim_s": m.get("time/sim_s"), "infer_s": m.get("time/infer_s"), "train_s": m.get("time/train_s"),
-                       "factors": factors, "calibrating": bool(m.get("plan/calibrating")), "calibrated": m.get("plan/calibrated")}
+                       "factors": factors, "steal": stolen, "calibrating": bool(m.get("plan/calibrating")),
+                       "calibrated": m.get("plan/calibrated")}
                 rows.append(row)
                 predicted = "-" if row["predicted_s"] is None else f"{row['predicted_s']:.3f}"
                 print(f"{row['iteration']:4d} decisions {row['decisions'] or 0:6.1f} samples {row['samples'] or 0:7.0f} "
                       f"took {row['iteration_s']:.3f} s predicted {predicted} | sim {row['sim_s'] or 0:.3f} infer "
                       f"{row['infer_s'] or 0:.3f} train {row['train_s'] or 0:.3f} | per call "
-                      + " ".join(f"{k} {v:.2f}x" for k, v in factors.items()) + ("  (calibrating)" if row["calibrating"] else ""),
+                      + " ".join(f"{k} {v:.2f}x" for k, v in factors.items())
+                      + ("" if stolen is None else f" | steal {100 * stolen:.0f}%") + ("  (calibrating)" if row["calibrating"] else ""),
                       flush=True)
                 if row["calibrated"]:
                     settled_line = row["calibrated"]
@@ -175,9 +181,11 @@ def trace(cfg: EmbodiedConfig, settled_window_s: float | None = None) -> tuple[l
 
 
 def rounded(row: dict[str, Any]) -> dict[str, Any]:
-    """``row`` with its seconds to 0.1 ms and its per-call factors to 0.001."""
+    """``row`` with its seconds to 0.1 ms, its per-call factors to 0.001 and its steal to 0.01%."""
     out = {k: round(v, 4) if isinstance(v, float) and k.endswith("_s") else v for k, v in row.items()}
     out["factors"] = {k: round(v, 3) for k, v in row["factors"].items()}
+    if row.get("steal") is not None:
+        out["steal"] = round(row["steal"], 4)
     return out
 
 

@@ -78,6 +78,9 @@ def test_a_run_is_traced_iteration_by_iteration(tmp_path, monkeypatch, ray_clust
     trained = [r for r in rows if r["train_s"] is not None]
     assert trained and all(set(r["factors"]) == {"env", "rollout", "trainer"} for r in trained)
     assert not any(r["calibrating"] for r in rows)
+    # the hypervisor's share of the CPU time during each iteration, where /proc/stat tells it
+    if os.path.exists("/proc/stat"):
+        assert all(r["steal"] is not None and 0.0 <= r["steal"] <= 1.0 for r in rows)
     assert [json.loads(line) for line in out.read_text().splitlines()] == rows
     # the planner's prediction against the first 16 s of iterations after the first
     held = result["runs"][0]["settled_error"]
