@@ -29,14 +29,15 @@ the fastest measured plan, whose prediction is its corrected one.
 
 A run's iterations drift while they are measured: a policy that learns makes its simulation dearer
 (the default job's PushCube steps cost 15-50% more under a policy that pushes the cube than under a
-fresh one), and this host's speed wanders. So a measurement is priced on its latest iterations
-(:func:`latest`: the last :data:`CHOICE_MEASURE_S` seconds of the choice's, :data:`MEASURE_S` of
-another's, where it ran on longer while they spread), and when the fastest plan was measured before
-others, the run measures it again after them before it settles (free: it would switch to it anyway)
-and brings every plan measured between to the pace of the run now: its time over the bracketing
-plan's where it ran, times the bracketing plan's latest (``Calibrator._bring_to_now``). A plan
-measured later is no longer taken for slower because the run had slowed by then, and the run's
-prediction is the price of its latest iterations.
+fresh one), and this host's speed wanders. So when the fastest plan was measured before others, the
+run measures it again after them before it settles (free: it would switch to it anyway, and as long
+as the choice is measured) and brings every plan measured between to the pace of the run now: its
+time over the bracketing plan's where it ran, times the bracketing plan's latest
+(``Calibrator._bring_to_now``). A plan measured later is no longer taken for slower because the run
+had slowed by then, and the run's prediction is the price of its latest iterations. (Pricing every
+measurement on its latest 16 s instead of all its iterations was tried and dropped: on CartPole
+GRPO's noisy episodic iterations it left 5 of 8 runs within 15% of the next 16 s, where all of them
+leave 15 of 16; docs/benchmarks.md.)
 
 Measuring the planner's choice costs the run nothing (it would run that plan anyway), so a run
 measures it whenever one measurement fits in the run, however small its share: CartPole GRPO's 25
@@ -119,22 +120,6 @@ def choice_iterations(run_left: int) -> int:
     return min(CHOICE_MAX_ITERATIONS, math.ceil(CHOICE_SHARE * max(run_left, 0)))
 
 
-def latest(took: list[float], seconds: float) -> int:
-    """How many of the last of iterations that took ``took`` seconds each (in the order they ran)
-    make their latest ``seconds`` (no fewer than :data:`MIN_SPREAD_ITERATIONS`, or all there are):
-    the window a measurement is priced on. A measurement that ran on past its window while its
-    iterations spread is priced on the iterations nearest the run's next ones: the default job's
-    iterations lengthen as its policy starts pushing the cube, and the median of the 28 iterations
-    one calibration measured priced its plan 10.5% under the run's next 16 s, the latest 16 s of them
-    12% over (docs/benchmarks.md)."""
-    n, total = 0, 0.0
-    for t in reversed(took):
-        n, total = n + 1, total + t
-        if total >= seconds and n >= MIN_SPREAD_ITERATIONS:
-            break
-    return n
-
-
 def relative_standard_error(times: list[float]) -> float:
     """How well ``times`` pin their median down: its standard error (from the median absolute
     deviation, so that one outlier among steady iterations does not keep it high; 1.2533 x the
@@ -192,13 +177,10 @@ class Measurement:
     that iteration's shape (the median over the measured iterations)."""
     iterations: tuple[int, ...]
     """The run's iterations (1-based) it was measured on."""
-    window: tuple[int, ...] = ()
-    """The latest of them, which its price comes from (:func:`latest`; all of them but where the
-    measurement ran on past its window while its iterations spread)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"plan": self.plan.to_dict(), "iteration_s": self.iteration_s, "factors": dict(self.factors),
-                "residual_s": self.residual_s, "iterations": list(self.iterations), "window": list(self.window)}
+                "residual_s": self.residual_s, "iterations": list(self.iterations)}
 
     def scaled(self, ratio: float) -> Measurement:
         """This measurement with its seconds (iteration, per-call factors, residual) times ``ratio``."""
@@ -206,9 +188,8 @@ class Measurement:
                                    factors={n: f * ratio for n, f in self.factors.items()})
 
     def middle(self) -> float:
-        """The middle of the iterations its price comes from (where on the run it stands)."""
-        window = self.window or self.iterations
-        return (window[0] + window[-1]) / 2
+        """The middle of the iterations it was measured on (where on the run it stands)."""
+        return (self.iterations[0] + self.iterations[-1]) / 2
 
 
 @dataclass(frozen=True)
@@ -346,7 +327,7 @@ class Calibrator:
             enough = measured_enough(full, self.budget - self.spent, took)
         if not enough:
             return None
-        measurement = self._measure(self.current, layout, self.samples, self.choice_s if free else MEASURE_S)
+        measurement = self._measure(self.current, layout, self.samples)
         self.history.append(measurement)
         self.samples = []
         if self.confirming:
@@ -396,11 +377,8 @@ class Calibrator:
         self.measured[again.plan.key()] = again
         self.ranked_pace += 1
 
-    def _measure(self, plan: Plan, layout: Layout, samples: list[tuple[int, dict[str, Any]]], window_s: float) -> Measurement:
-        """``plan``'s measurement from ``samples``, priced on their latest ``window_s`` seconds."""
+    def _measure(self, plan: Plan, layout: Layout, samples: list[tuple[int, dict[str, Any]]]) -> Measurement:
         assert self.profile is not None
-        measured = tuple(i for i, _ in samples)
-        samples = samples[-latest([m["time/iteration_s"] for _, m in samples], window_s):]
         per_call = [self.workflow.measured_factors(self.profile, layout, m) for _, m in samples]
         names = sorted({n for f in per_call for n in f})
         factors = {n: statistics.median(f[n] for f in per_call if n in f) for n in names}
@@ -411,7 +389,7 @@ class Calibrator:
         # priced CartPole GRPO's later iterations 22-24% above what they took.
         residual = statistics.median(m["time/iteration_s"] - self._predict(plan, factors, m) for _, m in samples)
         seconds = self._predict(plan, factors) + residual
-        return Measurement(plan, seconds, factors, residual, measured, tuple(i for i, _ in samples))
+        return Measurement(plan, seconds, factors, residual, tuple(i for i, _ in samples))
 
     def _full_s(self, plan: Plan, metrics: dict[str, Any]) -> float:
         """The measured seconds of an iteration as those of a full one: an episodic iteration that
@@ -476,9 +454,8 @@ class Calibrator:
         plan = dataclasses.replace(best.plan, predicted_iteration_s=self.corrected(best.plan))
         first = min(i for m in self.history for i in m.iterations)
         last = max(i for m in self.history for i in m.iterations)
-        runs = ", ".join(f"{describe_plan(m.plan)} {m.iteration_s:.3f} s (profiled {m.plan.predicted_iteration_s:.3f}"
-                         + (f"; iterations {m.window[0]}-{m.window[-1]} of {m.iterations[0]}-{m.iterations[-1]})"
-                            if m.window != m.iterations else ")") for m in self.history)
+        runs = ", ".join(f"{describe_plan(m.plan)} {m.iteration_s:.3f} s (profiled {m.plan.predicted_iteration_s:.3f})"
+                         for m in self.history)
         again = ""
         if len(self.history) > len(self.measured):  # one plan was measured again: the others priced at its pace now
             now = {k: f"{describe_plan(m.plan)} {m.iteration_s:.3f} s" for k, m in self.measured.items() if k != self.history[-1].plan.key()}

@@ -15,9 +15,8 @@ import pytest
 
 from embodied.config import apply_overrides
 from embodied.errors import ConfigError
-from pipelines.calibrate import (CHOICE_MAX_ITERATIONS, CHOICE_MEASURE_S, MARGIN, MAX_ITERATIONS, MEASURE_S, MIN_SPREAD_ITERATIONS,
-                                 TARGET_RSE, Calibrator, choice_iterations, choice_window_s, iterations_for, latest, measured_enough,
-                                 relative_standard_error)
+from pipelines.calibrate import (CHOICE_MAX_ITERATIONS, CHOICE_MEASURE_S, MARGIN, MAX_ITERATIONS, MEASURE_S, TARGET_RSE,
+                                 Calibrator, choice_iterations, choice_window_s, iterations_for, measured_enough, relative_standard_error)
 from pipelines.config import EmbodiedConfig
 from pipelines.embodied import EmbodiedWorkflow
 from pipelines.replan import rescale
@@ -451,7 +450,6 @@ def test_the_fastest_plan_measured_first_is_measured_again_last_and_the_others_c
     assert again.iteration_s > colocated.iteration_s  # ... and the choice itself, measured later still
     # every measurement is exact at the pace of the run where its window ran
     for m in settled.measurements:
-        assert m.window == m.iterations
         assert m.iteration_s == pytest.approx(truth[m.plan.key()] * pipeline.pace(m.middle()))
     # the settled plan priced at the pace of the run's latest iterations, every other measured one too
     assert settled.plan.predicted_iteration_s == pytest.approx(truth[fastest] * pipeline.pace(again.middle()))
@@ -461,25 +459,3 @@ def test_the_fastest_plan_measured_first_is_measured_again_last_and_the_others_c
     assert "measured again last" in settled.reason
     # the re-measurement cost the budget nothing: only the plans between spent it
     assert calibrator.spent == sum(len(m.iterations) for m in between) == sum(p.key() != result.best.key() for p in runs)
-
-
-def test_a_measurement_that_runs_on_while_its_iterations_drift_is_priced_on_its_latest():
-    """Iterations 3% dearer each never hold steady: the choice is measured up to its most
-    iterations (a quarter of the run's, CHOICE_MAX_ITERATIONS at most), and priced on its latest
-    CHOICE_MEASURE_S seconds (the nearest to the iterations the run goes on with), not on the
-    median of all of them, which the trend leaves far behind."""
-    assert latest([1.0] * 10, 3.0) == 3 and latest([1.0] * 2, 3.0) == 2 and latest([0.5] * 10, 1.0) == MIN_SPREAD_ITERATIONS
-    assert latest([1.0, 1.0, 5.0, 5.0, 5.0], 9.0) == 3 and latest([1.0, 1.0, 5.0, 5.0, 5.0], 15.5) == 4
-    workflow, profile = _workflow("cluster.backend=local"), _profile()
-    result = workflow.plan(profile)
-    pipeline = DriftingPipeline(workflow, profile, {}, runtime_s=0.0, growth=0.03)
-    calibrator = Calibrator(workflow, share=0.5)
-    calibrator.start(result, profile, iterations_left=1000)
-    settled, _ = _calibrate(calibrator, pipeline, workflow.layout_of(result.best), limit=1000)
-    first = settled.measurements[0]
-    assert first.plan.key() == result.best.key() and len(first.iterations) == calibrator.choice_n
-    took = [pipeline.iteration_s(first.plan) * pipeline.pace(i) for i in first.iterations]
-    assert first.window == first.iterations[-latest(took, CHOICE_MEASURE_S):] and len(first.window) < len(first.iterations) / 10
-    assert first.iteration_s == pytest.approx(pipeline.iteration_s(first.plan) * pipeline.pace(first.middle()))
-    assert first.iteration_s > 1.5 * statistics.median(took)
-    assert "iterations %d-%d of %d-%d" % (first.window[0], first.window[-1], first.iterations[0], first.iterations[-1]) in settled.reason
