@@ -29,12 +29,14 @@ the fastest measured plan, whose prediction is its corrected one.
 
 A run's iterations drift while they are measured: a policy that learns makes its simulation dearer
 (the default job's PushCube steps cost 15-50% more under a policy that pushes the cube than under a
-fresh one), and this host's speed wanders. So when the fastest plan was measured before others, the
-run measures it again after them before it settles (free: it would switch to it anyway, and as long
-as the choice is measured) and brings every plan measured between to the pace of the run now: its
-time over the bracketing plan's where it ran, times the bracketing plan's latest
-(``Calibrator._bring_to_now``). A plan measured later is no longer taken for slower because the run
-had slowed by then, and the run's prediction is the price of its latest iterations. (Pricing every
+fresh one), and this host's speed wanders. So when other plans were measured after the planner's
+choice, the run measures the choice again after them, before it settles (free while the choice is
+the fastest, as it would switch back to it anyway, and then as long as its first measurement; else
+as any candidate, within the budget), and brings every plan measured between to the pace of the run
+now: its time over the choice's where it ran, times the choice's latest (``Calibrator._bring_to_now``).
+A plan measured later is no longer taken for slower (or faster) because the run had slowed (or sped
+up) by then, and where the run settles on the choice its prediction is the price of its latest
+iterations. (Pricing every
 measurement on its latest 16 s instead of all its iterations was tried and dropped: on CartPole
 GRPO's noisy episodic iterations it left 5 of 8 runs within 15% of the next 16 s, where all of them
 leave 15 of 16; docs/benchmarks.md.)
@@ -245,7 +247,8 @@ class Calibrator:
         self.samples: list[tuple[int, dict[str, Any]]] = []
         self.used = 0  # the iterations measured so far, under every plan
         self.history: list[Measurement] = []  # every measurement, as measured, in order
-        self.confirming = False  # measuring the fastest plan again before settling on it
+        self.confirming = False  # measuring the planner's choice again, after the others ...
+        self.confirm_free = False  # ... at no cost to the budget (while it is the fastest)
         self.active = False
         self.ranked: list[tuple[Plan, float]] = []
         self.ranked_after = -1  # the number of measurements self.ranked was priced with
@@ -314,9 +317,9 @@ class Calibrator:
         self.used += 1
         full = [self._full_s(self.current, m) for _, m in self.samples]
         took = sum(m["time/iteration_s"] for _, m in self.samples)
-        # the plan the run would run anyway (the planner's choice, or the fastest measured, measured
-        # again before the run settles on it) costs the budget nothing: while the run lasts ...
-        free = self.confirming or self.current.key() == self.first.key()
+        # the plan the run would run anyway (the planner's choice, measured first or measured again
+        # last while it is the fastest) costs the budget nothing: while the run lasts ...
+        free = self.current.key() == self.first.key() and (not self.confirming or self.confirm_free)
         if free:
             left, n = self.run_left - self.used, len(self.samples)
             enough = measured_enough(full, left, took, MEASURE_S, max(MAX_ITERATIONS, self.choice_n))
@@ -339,13 +342,18 @@ class Calibrator:
         if following is not None:
             self.current = following
             return CalibrationStep(self.workflow.layout_of(following))
-        best = min(self.measured.values(), key=lambda m: m.iteration_s)
-        if best.plan.key() != self.current.key() and iterations_for(best.iteration_s) <= self.run_left - self.used:
-            # the fastest was measured before the others: measured again (at no cost: the run
-            # switches to it anyway) before the run settles on it (see _bring_to_now)
-            self.confirming = True
-            self.current = best.plan
-            return CalibrationStep(self.workflow.layout_of(best.plan))
+        if len(self.measured) > 1:
+            # the others were measured after the choice: the choice is measured again, last, so
+            # that they are compared at one pace (see _bring_to_now). While it is the fastest this
+            # is free (the run would switch back to it anyway) and as long as its first
+            # measurement; else it is one more candidate's measurement, within the budget.
+            choice = self.measured[self.first.key()]
+            self.confirm_free = choice.iteration_s <= min(m.iteration_s for m in self.measured.values())
+            room = (self.run_left - self.used) if self.confirm_free else (self.budget - self.spent)
+            if iterations_for(choice.iteration_s) <= room:
+                self.confirming = True
+                self.current = self.first
+                return CalibrationStep(self.workflow.layout_of(self.first))
         return self._settled()
 
     # --- internals ---------------------------------------------------------------------------------
@@ -363,12 +371,13 @@ class Calibrator:
         return CalibrationStep(self.workflow.layout_of(settled.plan), settled)
 
     def _bring_to_now(self, before: Measurement, again: Measurement) -> None:
-        """The fastest plan, measured first and ``again`` after the others, brackets them: the
-        run's iterations drift as they go (a policy that learns to push the cube makes the default
-        job's simulation 15-50% dearer per step; a host whose speed wanders), and a plan measured
-        later looks slower for it. Each plan measured between is priced at the pace of the run
-        now: its time over the bracketing plan's where it ran (interpolated between ``before`` and
-        ``again``), times ``again``. The bracketing plan's price is ``again``: its latest iterations."""
+        """The planner's choice, measured first (``before``) and ``again`` after the others,
+        brackets them: the run's iterations drift as they go (a policy that learns to push the cube
+        makes the default job's simulation 15-50% dearer per step; a host whose speed wanders), and
+        a plan measured later looks slower (or faster) for it. Each plan measured between is priced
+        at the pace of the run now: its time over the choice's where it ran (interpolated between
+        ``before`` and ``again``), times ``again``. The choice's price is ``again``: its latest
+        iterations."""
         t0, t1 = before.middle(), again.middle()
         for key, m in self.measured.items():
             if key != again.plan.key():

@@ -427,13 +427,13 @@ class DriftingPipeline(Pipeline):
         return {key: seconds * self.pace(self.iteration) for key, seconds in super().run(layout).items()}
 
 
-def test_the_fastest_plan_measured_first_is_measured_again_last_and_the_others_compared_at_its_pace():
+def test_the_choice_is_measured_again_last_and_the_others_compared_at_its_pace():
     """The run's iterations grow 1% dearer each. The planner's choice (hybrid, 2 chunks) is
     measured first; colocated, truly 5% faster, is measured after it and on the dearer iterations
-    of later looks slower than the choice did. Calibration measures the fastest-looking plan again
-    after the others (free: the run switches to it anyway), prices every plan measured between at
-    the pace of the run now (its time over the bracketing plan's where it ran) and settles on the
-    truly fastest, priced for the iterations it ran last."""
+    of later looks slower than the choice did. Calibration measures the choice again after the
+    others (free while it looks the fastest: the run would switch back to it anyway), prices every
+    plan measured between at the pace of the run now (its time over the choice's where it ran) and
+    settles on the truly fastest, priced for the run's latest iterations."""
     workflow, profile = _workflow("cluster.backend=local"), _profile()
     result = workflow.plan(profile)
     pipeline = DriftingPipeline(workflow, profile, {"colocated": {"env": 0.9}}, runtime_s=0.0, growth=0.01)
@@ -459,3 +459,28 @@ def test_the_fastest_plan_measured_first_is_measured_again_last_and_the_others_c
     assert "measured again last" in settled.reason
     # the re-measurement cost the budget nothing: only the plans between spent it
     assert calibrator.spent == sum(len(m.iterations) for m in between) == sum(p.key() != result.best.key() for p in runs)
+
+
+def test_a_plan_that_looks_faster_only_because_the_run_sped_up_is_not_chosen():
+    """The run's iterations grow 0.4% cheaper each (the host speeding up). Hybrid with one chunk,
+    truly slower than the planner's choice (hybrid, two chunks), is measured after it and looks
+    faster. The choice is measured again last, now as one more candidate (it was not the fastest
+    measured: the budget pays), and at one pace the choice is the faster: the run settles on it,
+    priced for its latest iterations."""
+    workflow, profile = _workflow("cluster.backend=local"), _profile()
+    result = workflow.plan(profile)
+    pipeline = DriftingPipeline(workflow, profile, {}, runtime_s=0.0, growth=-0.004)
+    calibrator = Calibrator(workflow, share=0.5)
+    calibrator.start(result, profile, iterations_left=1000)
+    settled, runs = _calibrate(calibrator, pipeline, workflow.layout_of(result.best))
+    truth = {p.key(): pipeline.iteration_s(p) for p, _ in result.candidates}
+    first, *between, again = settled.measurements
+    assert first.plan.key() == again.plan.key() == result.best.key() == settled.plan.key() == min(truth, key=truth.get)
+    fooled = [m for m in between if m.iteration_s < first.iteration_s]
+    assert fooled and all(truth[m.plan.key()] > truth[result.best.key()] for m in fooled)
+    assert len(again.iterations) == iterations_for(again.iteration_s)  # measured as any candidate ...
+    assert calibrator.spent == sum(len(m.iterations) for m in (*between, again)) <= calibrator.budget  # ... on the budget
+    assert settled.plan.predicted_iteration_s == pytest.approx(truth[result.best.key()] * pipeline.pace(again.middle()))
+    prices = dict((p.key(), s) for p, s in settled.predictions)
+    for m in between:
+        assert prices[m.plan.key()] == pytest.approx(truth[m.plan.key()] * pipeline.pace(again.middle()))
