@@ -28,18 +28,17 @@ iterations calibration may run under plans other than the planner's choice). The
 the fastest measured plan, whose prediction is its corrected one.
 
 A run's iterations drift while they are measured: a policy that learns makes its simulation dearer
-(the default job's PushCube steps cost 15-50% more under a policy that pushes the cube than under a
-fresh one), and this host's speed wanders. So when other plans were measured after the planner's
+(the default job's PushCube steps cost 8-54% more, 26% on average, under a policy that pushes the
+cube than under a fresh one), and this host's speed wanders. So when other plans were measured after the planner's
 choice, the run measures the choice again after them, before it settles (free while the choice is
 the fastest, as it would switch back to it anyway, and then as long as its first measurement; else
 as any candidate, within the budget), and brings every plan measured between to the pace of the run
 now: its time over the choice's where it ran, times the choice's latest (``Calibrator._bring_to_now``).
 A plan measured later is no longer taken for slower (or faster) because the run had slowed (or sped
 up) by then, and where the run settles on the choice its prediction is the price of its latest
-iterations. (Pricing every
-measurement on its latest 16 s instead of all its iterations was tried and dropped: on CartPole
-GRPO's noisy episodic iterations it left 5 of 8 runs within 15% of the next 16 s, where all of them
-leave 15 of 16; docs/benchmarks.md.)
+iterations. (Pricing every measurement on its latest 16 s instead of all its iterations was tried
+and dropped: on CartPole GRPO's noisy episodic iterations it left 5 of 8 runs within 15% of the next
+16 s, where all of them leave 15 of 16; docs/benchmarks.md.)
 
 Measuring the planner's choice costs the run nothing (it would run that plan anyway), so a run
 measures it whenever one measurement fits in the run, however small its share: CartPole GRPO's 25
@@ -267,7 +266,7 @@ class Calibrator:
         self.history.clear()
         self.used = 0
         self.confirming = False
-        self.ranked_after = -1
+        self.ranked_after, self.ranked_pace = -1, 0
         self.current = self.first = result.best
         self.budget = int(self.share * iterations_left)
         self.spent = 0
@@ -373,7 +372,7 @@ class Calibrator:
     def _bring_to_now(self, before: Measurement, again: Measurement) -> None:
         """The planner's choice, measured first (``before``) and ``again`` after the others,
         brackets them: the run's iterations drift as they go (a policy that learns to push the cube
-        makes the default job's simulation 15-50% dearer per step; a host whose speed wanders), and
+        makes the default job's simulation 8-54% dearer per step; a host whose speed wanders), and
         a plan measured later looks slower (or faster) for it. Each plan measured between is priced
         at the pace of the run now: its time over the choice's where it ran (interpolated between
         ``before`` and ``again``), times ``again``. The choice's price is ``again``: its latest
