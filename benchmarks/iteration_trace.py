@@ -133,7 +133,9 @@ def settled_s(rows: list[dict[str, Any]]) -> tuple[int, float]:
 
 
 def trace(cfg: EmbodiedConfig, settled_window_s: float | None = None) -> tuple[list[dict[str, Any]], str | None]:
-    """Run ``cfg`` as planned and calibrated, printing every iteration; its rows (one per
+    """Run ``cfg`` as planned and calibrated (and, with ``plan.learn=true``, learning as a run
+    does: the next run from the same cache starts from what this one measured; the trace sets
+    ``plan.learn=false`` as the sweep does), printing every iteration; its rows (one per
     iteration) and calibration's line (None when it did not calibrate). ``settled_window_s``:
     stop once the settled plan's iterations took that many seconds (two at least), going on past
     the run's last iteration where needed (as the sweep times a run's own iterations: a short
@@ -156,6 +158,7 @@ def trace(cfg: EmbodiedConfig, settled_window_s: float | None = None) -> tuple[l
                 ticks = cpu_times()
                 m = runner.step()
                 stolen = steal_share(ticks, cpu_times())
+                runner.learn(m)  # as a run does: its measured costs refine the cached profile for the next run
                 runner.calibrate(m)
                 trained = m.get("time/train_s") is not None
                 factors = workflow.measured_factors(priced, ran, m) if trained and priced is not None and ran is not None else {}
@@ -175,6 +178,7 @@ def trace(cfg: EmbodiedConfig, settled_window_s: float | None = None) -> tuple[l
                 if row["calibrated"]:
                     settled_line = row["calibrated"]
                     print(f"     {row['calibrated']}", flush=True)
+            runner.learn(None)  # a run too short to have learned yet learns at its end
         finally:
             workflow.close()
     return rows, settled_line

@@ -69,7 +69,7 @@ def test_a_run_is_traced_iteration_by_iteration(tmp_path, monkeypatch, ray_clust
     monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "trace.jsonl"
     result = trace.main(["cartpole_ppo", "algo.total_env_steps=4096", "algo.epochs=2", "plan.max_chunks=1",
-                         "plan.calibrate=0", "--out", str(out)])
+                         "plan.calibrate=0", "plan.learn=true", "--out", str(out)])
     rows = result["rows"]
     assert [r["iteration"] for r in rows] == list(range(1, 17))  # 4096 steps of 8 envs x 32
     assert all(r["decisions"] == 32 and r["samples"] == 256 and r["iteration_s"] > 0 for r in rows)
@@ -82,6 +82,9 @@ def test_a_run_is_traced_iteration_by_iteration(tmp_path, monkeypatch, ray_clust
     if os.path.exists("/proc/stat"):
         assert all(r["steal"] is not None and 0.0 <= r["steal"] <= 1.0 for r in rows)
     assert [json.loads(line) for line in out.read_text().splitlines()] == rows
+    # asked to, it learned as a run does: the cached profile records the run's measured costs for the next run
+    cached = [json.loads(p.read_text()) for p in (tmp_path / "cache" / "profiles").glob("*.json")]
+    assert len(cached) == 1 and cached[0]["meta"].get("learned")
     # the planner's prediction against the first 16 s of iterations after the first
     held = result["runs"][0]["settled_error"]
     assert held["calibration_iterations"] == 0 and held["iterations"] >= 2 and held["predicted_s"] == rows[0]["predicted_s"]
