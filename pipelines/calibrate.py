@@ -244,14 +244,10 @@ class Calibrator:
         self.choice_n = 0  # ... within these many iterations (choice_iterations)
         self.warmed = False
         self.samples: list[tuple[int, dict[str, Any]]] = []
-        self.used = 0  # the iterations measured so far, under every plan
         self.history: list[Measurement] = []  # every measurement, as measured, in order
-        self.confirming = False  # measuring the planner's choice again, after the others ...
-        self.confirm_free = False  # ... at no cost to the budget (while it is the fastest)
         self.active = False
         self.ranked: list[tuple[Plan, float]] = []
         self.ranked_after = -1  # the number of measurements self.ranked was priced with
-        self.ranked_pace = 0  # ... and of paces brought to now (a measurement again)
 
     def start(self, result: PlanResult, profile: Profile, iterations_left: int) -> None:
         """Calibrate among ``result``'s candidates (the distinct micro flows, fastest predicted
@@ -264,9 +260,7 @@ class Calibrator:
         self.measured.clear()
         self.samples.clear()
         self.history.clear()
-        self.used = 0
-        self.confirming = False
-        self.ranked_after, self.ranked_pace = -1, 0
+        self.ranked_after = -1
         self.current = self.first = result.best
         self.budget = int(self.share * iterations_left)
         self.spent = 0
@@ -313,14 +307,14 @@ class Calibrator:
             return None
         assert self.current is not None and self.first is not None and layout.plan.key() == self.current.key()
         self.samples.append((iteration, metrics))
-        self.used += 1
         full = [self._full_s(self.current, m) for _, m in self.samples]
         took = sum(m["time/iteration_s"] for _, m in self.samples)
         # the plan the run would run anyway (the planner's choice, measured first or measured again
         # last while it is the fastest) costs the budget nothing: while the run lasts ...
-        free = self.current.key() == self.first.key() and (not self.confirming or self.confirm_free)
+        again = self.current.key() == self.first.key() and self.first.key() in self.measured
+        free = self.current.key() == self.first.key() and (not again or self._choice_fastest())
         if free:
-            left, n = self.run_left - self.used, len(self.samples)
+            left, n = self.run_left - self._used(), len(self.samples)
             enough = measured_enough(full, left, took, MEASURE_S, max(MAX_ITERATIONS, self.choice_n))
             # ... and longer: towards choice_s seconds, within choice_n iterations
             enough = enough and (took >= self.choice_s or n >= self.choice_n or left <= 0)
@@ -332,8 +326,7 @@ class Calibrator:
         measurement = self._measure(self.current, layout, self.samples)
         self.history.append(measurement)
         self.samples = []
-        if self.confirming:
-            self.confirming = False
+        if again:
             self._bring_to_now(self.measured[self.current.key()], measurement)
             return self._settled()
         self.measured[self.current.key()] = measurement
@@ -347,10 +340,8 @@ class Calibrator:
             # is free (the run would switch back to it anyway) and as long as its first
             # measurement; else it is one more candidate's measurement, within the budget.
             choice = self.measured[self.first.key()]
-            self.confirm_free = choice.iteration_s <= min(m.iteration_s for m in self.measured.values())
-            room = (self.run_left - self.used) if self.confirm_free else (self.budget - self.spent)
+            room = (self.run_left - self._used()) if self._choice_fastest() else (self.budget - self.spent)
             if iterations_for(choice.iteration_s) <= room:
-                self.confirming = True
                 self.current = self.first
                 return CalibrationStep(self.workflow.layout_of(self.first))
         return self._settled()
@@ -363,6 +354,15 @@ class Calibrator:
         seconds, _ = predict(plan, rescale(self.profile, factors), self.workflow.planner_workflow(metrics),
                              self.workflow.resources())
         return seconds
+
+    def _used(self) -> int:
+        """The iterations measured so far, under every plan."""
+        return sum(len(m.iterations) for m in self.history) + len(self.samples)
+
+    def _choice_fastest(self) -> bool:
+        """Whether the planner's choice is the fastest plan measured (then measuring it again is free)."""
+        choice = self.measured[self.first.key()]
+        return choice.iteration_s <= min(m.iteration_s for m in self.measured.values())
 
     def _settled(self) -> CalibrationStep:
         self.active = False
@@ -383,7 +383,7 @@ class Calibrator:
                 then = before.iteration_s + (again.iteration_s - before.iteration_s) * (m.middle() - t0) / (t1 - t0)
                 self.measured[key] = m.scaled(again.iteration_s / then)
         self.measured[again.plan.key()] = again
-        self.ranked_pace += 1
+        self.ranked_after = -1  # the prices changed: rank again
 
     def _measure(self, plan: Plan, layout: Layout, samples: list[tuple[int, dict[str, Any]]]) -> Measurement:
         assert self.profile is not None
@@ -439,10 +439,10 @@ class Calibrator:
     def _ranked(self) -> list[tuple[Plan, float]]:
         """The candidates by corrected price, fastest first (priced once per new measurement: a
         long iteration's simulation is not free)."""
-        if self.ranked_after != len(self.measured) + self.ranked_pace:
+        if self.ranked_after != len(self.measured):
             priced = [(p, self.corrected(p)) for p in self.candidates]
             self.ranked = sorted(((p, s) for p, s in priced if s is not None), key=lambda ps: ps[1])
-            self.ranked_after = len(self.measured) + self.ranked_pace
+            self.ranked_after = len(self.measured)
         return self.ranked
 
     def _next(self) -> Plan | None:
