@@ -23,7 +23,7 @@ candidate does (beside the most alike neighbours: the components sharing its dev
 many devices, then on the same ones), plus the residual of the measured plan most like the
 candidate (same placement, else same mode, else the one measured first). The next candidate
 measured is the fastest by these corrected predictions, while one could still beat the best
-measured plan by the model (within :data:`MARGIN`) and the budget allows (``plan.calibrate``: the share of the run's
+measured plan by the model (within ``plan.calibrate_margin``, :data:`MARGIN` by default) and the budget allows (``plan.calibrate``: the share of the run's
 iterations calibration may run under plans other than the planner's choice). Then the run settles on
 the fastest measured plan, whose prediction is its corrected one.
 
@@ -78,7 +78,8 @@ MIN_ITERATIONS, MAX_ITERATIONS = 2, 30
 #: (docs/benchmarks.md). A run calibrates only when its budget holds one measurement of its
 #: plan (:func:`iterations_for`: this many iterations at least).
 MIN_SPREAD_ITERATIONS = 3
-#: a candidate is measured while its corrected prediction is below (1 + MARGIN) x the best measured
+#: a candidate is measured while its corrected prediction is below (1 + margin) x the best measured
+#: (``plan.calibrate_margin``; this by default)
 MARGIN = 0.05
 #: the planner's choice, whose measurement is free (the run would run it anyway) and whose price
 #: becomes the run's prediction, is measured longer: this host's speed wanders over tens of
@@ -197,11 +198,17 @@ class Measurement:
 class Calibrated:
     """What calibration settled on: the plan (its prediction the corrected one), the profile
     rescaled by that plan's factors, every measurement (in the order measured: a plan measured
-    again, last, is there twice), and each candidate's prices."""
+    again, last, is there twice), each measured plan's price at the run's pace when it settled,
+    and each candidate's prices."""
 
     plan: Plan
     profile: Profile
     measurements: tuple[Measurement, ...]
+    prices: tuple[Measurement, ...]
+    """One per measured plan, in the order first measured, as the run compared them: its
+    measurement, or, where the planner's choice was measured again after it, that measurement at
+    the pace of the run's latest iterations (:meth:`Calibrator._bring_to_now`; the choice's is its
+    latest). The plan settled on is the fastest of these."""
     predictions: tuple[tuple[Plan, float], ...]
     """Every candidate with its corrected prediction (fastest first)."""
     reason: str
@@ -210,6 +217,7 @@ class Calibrated:
         return {
             "chosen": self.plan.to_dict(),
             "measured": [m.to_dict() for m in self.measurements],
+            "compared": [m.to_dict() for m in self.prices],
             "candidates": [{"plan": p.to_dict(), "profiled_s": p.predicted_iteration_s, "corrected_s": s}
                            for p, s in self.predictions],
             "reason": self.reason,
@@ -227,11 +235,14 @@ class CalibrationStep:
 
 class Calibrator:
     """Drives calibration over a run's first iterations (see the module docstring). ``share``:
-    the most of the run's iterations calibration may take (``plan.calibrate``)."""
+    the most of the run's iterations calibration may take (``plan.calibrate``); ``margin``: how
+    much dearer than the best measured plan a candidate's corrected price may be and still be
+    measured (``plan.calibrate_margin``)."""
 
-    def __init__(self, workflow: Workflow, share: float) -> None:
+    def __init__(self, workflow: Workflow, share: float, margin: float = MARGIN) -> None:
         self.workflow = workflow
         self.share = share
+        self.margin = margin
         self.profile: Profile | None = None
         self.candidates: list[Plan] = []
         self.measured: dict[tuple, Measurement] = {}
@@ -449,7 +460,7 @@ class Calibrator:
         best = min(m.iteration_s for m in self.measured.values())
         left = self.budget - self.spent
         for plan, seconds in self._ranked():
-            if seconds >= best * (1 + MARGIN):
+            if seconds >= best * (1 + self.margin):
                 return None
             if plan.key() not in self.measured and iterations_for(seconds) <= left:
                 return plan
@@ -472,4 +483,5 @@ class Calibrator:
         reason = (f"calibrated on iterations {first}-{last}: {runs}{again}; chosen {describe_plan(plan)}, predicted "
                   f"{plan.predicted_iteration_s:.3f} s/iteration (measured/profiled per call: {factors}; runtime "
                   f"{best.residual_s:+.3f} s/iteration)")
-        return Calibrated(plan, rescale(self.profile, best.factors), tuple(self.history), tuple(ranked), reason)
+        return Calibrated(plan, rescale(self.profile, best.factors), tuple(self.history), tuple(self.measured.values()),
+                          tuple(ranked), reason)

@@ -207,6 +207,10 @@ class PlanConfig:
     calibration may run under plans other than the planner's choice (measuring the choice itself
     costs nothing: the run would run it anyway); 0 keeps the planner's first choice and its
     probe-based prediction."""
+    calibrate_margin: float = 0.05
+    """Calibration measures a candidate while its price corrected by what was measured is below
+    (1 + this) x the best measured plan's (and the budget holds it); larger measures more of the
+    candidates the model ranks behind, for a user who would rather measure than trust it."""
     replan_threshold: float = 0.25
     """Re-plan between iterations when the median measured iteration time of a window of
     iterations differs from the prediction by more than this fraction (0 disables re-planning)."""
@@ -220,6 +224,8 @@ class PlanConfig:
             raise ValueError(f"plan.max_chunks must be >= 1 (got {self.max_chunks})")
         if not 0 <= self.calibrate <= 1:
             raise ValueError(f"plan.calibrate is a share of the run's iterations, in [0, 1] (got {self.calibrate})")
+        if self.calibrate_margin < 0:
+            raise ValueError(f"plan.calibrate_margin must be >= 0 (got {self.calibrate_margin})")
         if self.replan_threshold < 0:
             raise ValueError(f"plan.replan_threshold must be >= 0 (got {self.replan_threshold})")
         if self.offload is not None and set(self.offload) - {"env", "rollout", "trainer"}:

@@ -58,7 +58,7 @@ class Runner:
         self.profile: Profile | None = None
         self.layout: Layout | None = None
         self.replanner = Replanner(workflow, cfg.plan.replan_threshold)
-        self.calibrator = Calibrator(workflow, cfg.plan.calibrate)
+        self.calibrator = Calibrator(workflow, cfg.plan.calibrate, cfg.plan.calibrate_margin)
         self.calibrated: Calibrated | None = None
         self.planned: PlanResult | None = None  # the planner's first result (its candidates go to plan.json)
         self.learner = CostLearner(workflow, cfg.plan.learn, str(run.path) if run is not None else "?")

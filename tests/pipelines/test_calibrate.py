@@ -143,6 +143,31 @@ def test_calibration_measures_only_the_candidates_that_may_beat_the_choice():
     assert calibrator.observe(len(runs) + 1, pipeline.run(layout), layout) is None
 
 
+@pytest.mark.parametrize("margin", [0.0, 0.3, 1.0])
+def test_the_margin_sets_how_far_behind_a_candidate_may_be_priced_and_still_be_measured(margin):
+    """``plan.calibrate_margin``: on a machine that runs as profiled, the candidates measured are
+    those priced below (1 + margin) x the fastest (the choice measured again last when any other
+    was), and a margin of 0 measures the choice alone."""
+    workflow, profile = _workflow(), _profile()
+    result = workflow.plan(profile)
+    pipeline = Pipeline(workflow, profile, {}, runtime_s=0.0)
+    calibrator = Calibrator(workflow, share=1.0, margin=margin)
+    calibrator.start(result, profile, iterations_left=2000)
+    settled, _ = _calibrate(calibrator, pipeline, workflow.layout_of(result.best), limit=2000)
+    fastest = min(p.predicted_iteration_s for p, _ in result.candidates)
+    close = {p.key() for p, _ in result.candidates if p.predicted_iteration_s < fastest * (1 + margin)}
+    assert {m.plan.key() for m in settled.measurements} == close | {result.best.key()}
+    assert len(settled.prices) == len(close | {result.best.key()})
+    again = len(settled.prices) > 1
+    assert len(settled.measurements) == len(settled.prices) + again
+    assert settled.measurements[-1].plan.key() == result.best.key()
+    if margin == 0.0:
+        assert len(settled.measurements) == 1
+    if margin == 1.0:
+        assert len(close) > 3  # the wide margin measures plans the default one leaves out
+    assert settled.plan.predicted_iteration_s == pytest.approx(fastest)
+
+
 def test_calibration_spends_at_most_its_share_and_is_off_at_zero():
     workflow, profile = _workflow(), _profile()
     result = workflow.plan(profile)

@@ -336,9 +336,9 @@ def test_calibration_measures_candidates_first_and_settles_on_the_fastest(tmp_pa
     assert "[m2flow] calibrated on iterations 2-" in result.stderr
     calibration = json.loads((run / "plan.json").read_text())["calibration"]
     measured = calibration["measured"]
-    fastest = min(measured, key=lambda m: m["iteration_s"])
+    fastest = min(calibration["compared"], key=lambda m: m["iteration_s"])
     chosen = calibration["chosen"]
-    assert {k: chosen[k] for k in ("mode", "placement", "num_chunks")} == {k: fastest["plan"][k] for k in ("mode", "placement", "num_chunks")}
+    assert _plan_key(chosen) == _plan_key(fastest["plan"])
     assert chosen["predicted_iteration_s"] == pytest.approx(fastest["iteration_s"])
     assert len(calibration["candidates"]) >= len(measured)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -355,6 +355,54 @@ def test_calibration_measures_candidates_first_and_settles_on_the_fastest(tmp_pa
     after = rows[len(calibrating):]
     assert after and all(r["plan/predicted_iteration_s"] == pytest.approx(chosen["predicted_iteration_s"]) for r in after)
     assert {(r["plan/mode"], r["plan/chunks"]) for r in after} == {(chosen["mode"], chosen["num_chunks"])}
+
+
+def _plan_key(plan: dict) -> tuple:
+    return plan["mode"], json.dumps(plan["placement"], sort_keys=True), plan["num_chunks"]
+
+
+@pytest.mark.slow
+def test_calibration_measures_the_choice_again_after_the_others_and_compares_them_at_its_pace(tmp_path):
+    """With a wide margin (``plan.calibrate_margin``) calibration measures several plans on the real
+    workers, reconfigured between iterations; the planner's choice, measured first, is measured again
+    last, and the plans between are compared at the run's pace then: each one's measured seconds
+    times the choice's latest over the choice's where that plan ran."""
+    run = tmp_path / "bracketed"
+    result = embodied("train", "cartpole_ppo", "algo.total_env_steps=76800", "plan.calibrate=1", "plan.calibrate_margin=0.25",
+                      "plan.replan_threshold=0", f"run.dir={run}", "logging.wandb=false", "eval.episodes=2", "plan.learn=false")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "measured again last, the others at its pace now" in result.stderr
+    calibration = json.loads((run / "plan.json").read_text())["calibration"]
+    measured, compared, chosen = calibration["measured"], calibration["compared"], calibration["chosen"]
+    keys = [_plan_key(m["plan"]) for m in measured]
+    # the choice first and last, and every other plan once, in between
+    assert len(measured) >= 3 and keys[0] == keys[-1] and len(set(keys)) == len(keys) - 1
+    iterations = [i for m in measured for i in m["iterations"]]
+    assert iterations == list(range(2, 2 + len(iterations)))  # back to back after the warm-up
+    # one price per plan, in the order first measured: the choice's is its latest measurement ...
+    assert [_plan_key(m["plan"]) for m in compared] == keys[:-1]
+    first, last = measured[0], measured[-1]
+    assert compared[0]["iteration_s"] == pytest.approx(last["iteration_s"])
+
+    def middle(m: dict) -> float:
+        return (m["iterations"][0] + m["iterations"][-1]) / 2
+
+    # ... the others' at the choice's pace now: their seconds over the choice's where they ran
+    # (between its two measurements), times its latest
+    for m, now in zip(measured[1:-1], compared[1:]):
+        share = (middle(m) - middle(first)) / (middle(last) - middle(first))
+        then = first["iteration_s"] + (last["iteration_s"] - first["iteration_s"]) * share
+        assert now["iteration_s"] == pytest.approx(m["iteration_s"] * last["iteration_s"] / then)
+        assert now["iterations"] == m["iterations"]
+    fastest = min(compared, key=lambda m: m["iteration_s"])
+    assert _plan_key(chosen) == _plan_key(fastest["plan"])
+    assert chosen["predicted_iteration_s"] == pytest.approx(fastest["iteration_s"])
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    # each measured plan ran its iterations, and the run goes on under the one chosen
+    for m in measured:
+        assert {(rows[i - 1]["plan/mode"], rows[i - 1]["plan/chunks"]) for i in m["iterations"]} == {(m["plan"]["mode"], m["plan"]["num_chunks"])}
+    after = [r for r in rows if r["iteration"] > iterations[-1]]
+    assert after and {(r["plan/mode"], r["plan/chunks"]) for r in after} == {(chosen["mode"], chosen["num_chunks"])}
 
 
 @pytest.mark.slow
