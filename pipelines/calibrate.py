@@ -204,7 +204,7 @@ class Calibrated:
     plan: Plan
     profile: Profile
     measurements: tuple[Measurement, ...]
-    prices: tuple[Measurement, ...]
+    compared: tuple[Measurement, ...]
     """One per measured plan, in the order first measured, as the run compared them: its
     measurement, or, where the planner's choice was measured again after it, that measurement at
     the pace of the run's latest iterations (:meth:`Calibrator._bring_to_now`; the choice's is its
@@ -217,7 +217,7 @@ class Calibrated:
         return {
             "chosen": self.plan.to_dict(),
             "measured": [m.to_dict() for m in self.measurements],
-            "compared": [m.to_dict() for m in self.prices],
+            "compared": [m.to_dict() for m in self.compared],
             "candidates": [{"plan": p.to_dict(), "profiled_s": p.predicted_iteration_s, "corrected_s": s}
                            for p, s in self.predictions],
             "reason": self.reason,

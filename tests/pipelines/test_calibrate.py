@@ -157,9 +157,9 @@ def test_the_margin_sets_how_far_behind_a_candidate_may_be_priced_and_still_be_m
     fastest = min(p.predicted_iteration_s for p, _ in result.candidates)
     close = {p.key() for p, _ in result.candidates if p.predicted_iteration_s < fastest * (1 + margin)}
     assert {m.plan.key() for m in settled.measurements} == close | {result.best.key()}
-    assert len(settled.prices) == len(close | {result.best.key()})
-    again = len(settled.prices) > 1
-    assert len(settled.measurements) == len(settled.prices) + again
+    assert len(settled.compared) == len(close | {result.best.key()})
+    again = len(settled.compared) > 1
+    assert len(settled.measurements) == len(settled.compared) + again
     assert settled.measurements[-1].plan.key() == result.best.key()
     if margin == 0.0:
         assert len(settled.measurements) == 1
