@@ -83,6 +83,16 @@ class StepBuffers:
     def spec(self) -> tuple[str, list[tuple[str, int, tuple[int, ...], str]]]:
         return self.shm.name, self.layout
 
+    def release_name(self) -> None:
+        """Remove the block's name once every process that needs it has attached: the memory
+        lives on while any process maps it and goes with the last one, however the processes
+        end. (Named until closed, a block outlived owners killed without closing it: Ray kills a
+        plan's workers when a run switches plans, and their resource trackers with them; a day
+        of sweeps and tests left 346 blocks in /dev/shm.)"""
+        if self.owner:
+            self.shm.unlink()
+            self.owner = False
+
     # worker side
     def write(self, result: StepResult, start: int, end: int) -> dict[str, Any]:
         """Write ``result`` (rows start:end) into the block; returns what did not fit (usually {})."""

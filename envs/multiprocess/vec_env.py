@@ -235,6 +235,7 @@ class MultiprocessVecEnv(VecEnv):
                 self._waiting = "attach"
                 self._send_all("attach", [(self._buffers.spec(), bounds) for bounds in self.bounds])
                 self._finish("attach")
+                self._buffers.release_name()  # every worker has it mapped: no name left to leak
                 self._bells = [Doorbell(self._buffers.ctrl[i], conn) for i, conn in enumerate(self._conns)]
                 self._piped = [None] * self.num_procs
         except BaseException:

@@ -303,6 +303,29 @@ def test_close_reaps_workers_and_is_idempotent():
         env.step(np.zeros(4, np.int64))
 
 
+def _shared_blocks_mapped() -> list[str]:
+    """The POSIX shared-memory blocks this process maps, as /proc/self/maps names them (an
+    unlinked block's path ends with " (deleted)")."""
+    lines = Path("/proc/self/maps").read_text().splitlines()
+    return sorted({line.split(maxsplit=5)[5] for line in lines if "/dev/shm/psm_" in line})
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps (Linux)")
+def test_the_step_block_has_no_name_left_once_the_workers_attached():
+    """The step block is unlinked as soon as every worker has mapped it: the envs step through it
+    as before, and nothing is left in /dev/shm however the processes end (a worker killed without
+    closing, as Ray kills a plan's workers when a run switches plans, used to leave its blocks)."""
+    with MultiprocessVecEnv([cartpole] * 4, 2) as env, SerialVecEnv([cartpole] * 4) as ref:
+        blocks = _shared_blocks_mapped()
+        assert blocks, "no shared step block mapped"
+        assert all(b.endswith(" (deleted)") for b in blocks), blocks
+        assert not any(Path(b.removesuffix(" (deleted)")).exists() for b in blocks)
+        assert_same(env.reset(seed=3), ref.reset(seed=3), "reset")
+        for t in range(20):
+            actions = np.full(4, t % 2, np.int64)
+            assert_same(env.step(actions), ref.step(actions), f"t={t}")
+
+
 def test_worker_exception_names_worker_and_keeps_traceback():
     fns = [functools.partial(CrashingEnv, crash=False), functools.partial(CrashingEnv, "raise", 2)]
     env = MultiprocessVecEnv(fns, 2)
