@@ -470,7 +470,10 @@ class Calibrator:
         assert self.profile is not None
         ranked = self._ranked()
         best = min(self.measured.values(), key=lambda m: m.iteration_s)
-        plan = dataclasses.replace(best.plan, predicted_iteration_s=self.corrected(best.plan))
+        # its price as compared: its measurement (at the run's pace now where the choice was
+        # measured again after it; re-simulating the scaled factors would not scale the seconds
+        # no factor covers, and put the prediction a few tenths of a percent off its own price)
+        plan = dataclasses.replace(best.plan, predicted_iteration_s=best.iteration_s)
         first = min(i for m in self.history for i in m.iterations)
         last = max(i for m in self.history for i in m.iterations)
         runs = ", ".join(f"{describe_plan(m.plan)} {m.iteration_s:.3f} s (profiled {m.plan.predicted_iteration_s:.3f})"
