@@ -25,7 +25,7 @@ candidate (same placement, else same mode, else the one measured first). The nex
 measured is the fastest by these corrected predictions, while one could still beat the best
 measured plan by the model (within ``plan.calibrate_margin``, :data:`MARGIN` by default) and the budget allows (``plan.calibrate``: the share of the run's
 iterations calibration may run under plans other than the planner's choice). Then the run settles on
-the fastest measured plan, whose prediction is its corrected one.
+the fastest measured plan, whose prediction is its measured price (at the run's pace now: below).
 
 A run's iterations drift while they are measured: a policy that learns makes its simulation dearer
 (the default job's PushCube steps cost 8-54% more, 26% on average, under a policy that pushes the
@@ -196,7 +196,7 @@ class Measurement:
 
 @dataclass(frozen=True)
 class Calibrated:
-    """What calibration settled on: the plan (its prediction the corrected one), the profile
+    """What calibration settled on: the plan (its prediction its price in ``compared``), the profile
     rescaled by that plan's factors, every measurement (in the order measured: a plan measured
     again, last, is there twice), each measured plan's price at the run's pace when it settled,
     and each candidate's prices."""
@@ -322,8 +322,9 @@ class Calibrator:
         took = sum(m["time/iteration_s"] for _, m in self.samples)
         # the plan the run would run anyway (the planner's choice, measured first or measured again
         # last while it is the fastest) costs the budget nothing: while the run lasts ...
-        again = self.current.key() == self.first.key() and self.first.key() in self.measured
-        free = self.current.key() == self.first.key() and (not again or self._choice_fastest())
+        on_choice = self.current.key() == self.first.key()
+        again = on_choice and self.first.key() in self.measured
+        free = on_choice and (not again or self._choice_fastest())
         if free:
             left, n = self.run_left - self._used(), len(self.samples)
             enough = measured_enough(full, left, took, MEASURE_S, max(MAX_ITERATIONS, self.choice_n))
