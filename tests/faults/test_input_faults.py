@@ -16,6 +16,7 @@ from tests.faults.harness import TINY, cli
     ("env.timeout_s=0", "env.timeout_s must be > 0 seconds (got 0.0)"),
     ("env.nonfinite=ignore", "env.nonfinite"),
     ("cluster.timeout_s=-5", "cluster.timeout_s must be > 0 seconds (got -5.0)"),
+    ("plan.calibrate_margin=-0.1", "plan.calibrate_margin must be >= 0 (got -0.1)"),
 ])
 def test_bad_values_are_refused_before_a_run_dir_exists(tmp_path, override, needle):
     run_dir = tmp_path / "run"
