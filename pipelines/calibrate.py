@@ -210,7 +210,8 @@ class Calibrated:
     the pace of the run's latest iterations (:meth:`Calibrator._bring_to_now`; the choice's is its
     latest). The plan settled on is the fastest of these."""
     predictions: tuple[tuple[Plan, float], ...]
-    """Every candidate with its corrected prediction (fastest first)."""
+    """Every candidate with its corrected prediction (fastest first; a measured plan's is its
+    price in ``compared``)."""
     reason: str
 
     def to_dict(self) -> dict[str, Any]:
@@ -282,10 +283,15 @@ class Calibrator:
         self.active = self.share > 0 and self.run_left >= iterations_for(result.best.predicted_iteration_s)
 
     def corrected(self, plan: Plan) -> float | None:
-        """``plan``'s predicted seconds per iteration corrected by the measurements: each
-        component's factor from the measured plan that ran it most like ``plan`` does, the
-        runtime residual from the measured plan most like ``plan`` (None before any plan is
-        measured)."""
+        """``plan``'s predicted seconds per iteration corrected by the measurements: a measured
+        plan's price as compared (its measurement, at the run's pace now where the choice was
+        measured again after it: the price it is settled on, to the last digit); any other plan
+        re-simulated with each component's factor from the measured plan that ran it most like
+        ``plan`` does and the runtime residual from the measured plan most like ``plan`` (None
+        before any plan is measured)."""
+        measured = self.measured.get(plan.key())
+        if measured is not None:
+            return measured.iteration_s
         correction = self.correction(plan)
         if correction is None:
             return None

@@ -482,8 +482,10 @@ def test_the_choice_is_measured_again_last_and_the_others_compared_at_its_pace()
     for m in between:
         assert prices[m.plan.key()] == pytest.approx(truth[m.plan.key()] * pipeline.pace(again.middle()))
     assert "measured again last" in settled.reason
-    # the prediction is the settled plan's price as compared, exactly
+    # the prediction is the settled plan's price as compared, exactly, and so is every measured
+    # plan's price among the candidates' (what a sweep reports a plan as predicted at)
     assert settled.plan.predicted_iteration_s == min(m.iteration_s for m in settled.compared)
+    assert all(prices[m.plan.key()] == m.iteration_s for m in settled.compared)
     # the re-measurement cost the budget nothing: only the plans between spent it
     assert calibrator.spent == sum(len(m.iterations) for m in between) == sum(p.key() != result.best.key() for p in runs)
 
