@@ -56,6 +56,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from pipelines.config import PlanConfig
 from pipelines.replan import rescale
 from pipelines.workflow import Layout, Workflow
 from scheduler import Plan, PlanResult, Profile, predict
@@ -79,8 +80,8 @@ MIN_ITERATIONS, MAX_ITERATIONS = 2, 30
 #: plan (:func:`iterations_for`: this many iterations at least).
 MIN_SPREAD_ITERATIONS = 3
 #: a candidate is measured while its corrected prediction is below (1 + margin) x the best measured
-#: (``plan.calibrate_margin``; this by default)
-MARGIN = 0.05
+#: (``plan.calibrate_margin``; its default, written once, in the config)
+MARGIN = PlanConfig.calibrate_margin
 #: the planner's choice, whose measurement is free (the run would run it anyway) and whose price
 #: becomes the run's prediction, is measured longer: this host's speed wanders over tens of
 #: seconds, so a window's median pins a plan's time down slowly (one plan's CartPole PPO
