@@ -17,8 +17,8 @@ more while they spread (:func:`measured_enough`: until their median is known to
   rescaled by those factors, for that iteration's own shape (the runtime's own seconds per
   iteration, paid once by every iteration however early an episodic one ended).
 
-Every candidate is then priced again by the pure planner (:func:`scheduler.predict`) on the profile
-rescaled by measured factors, each component's from the measured plan that ran it most like the
+A measured plan's price is its measurement; every other candidate is then priced again by the
+pure planner (:func:`scheduler.predict`) on the profile rescaled by measured factors, each component's from the measured plan that ran it most like the
 candidate does (beside the most alike neighbours: the components sharing its devices, then on as
 many devices, then on the same ones), plus the residual of the measured plan most like the
 candidate (same placement, else same mode, else the one measured first). The next candidate
