@@ -34,7 +34,7 @@ from embodied.rl import TrajectoryBatch
 from embodied.runtime import Cluster, ClusterConfig, RankResources, WorkerGroup
 from embodied.runtime.weights import state_of
 from pipelines.config import EmbodiedConfig
-from pipelines.workers import Pinning, TrainerWorker
+from pipelines.onpolicy.workers import Pinning, TrainerWorker
 
 OBS_DIM = 32
 OBS = spaces.Dict({"state": spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)})

@@ -47,7 +47,7 @@ from benchmarks.m2flow_sweep import FIXED, error
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster
 from pipelines.config import EmbodiedConfig
-from pipelines.embodied import EmbodiedWorkflow
+from pipelines.onpolicy.workflow import EmbodiedWorkflow
 from pipelines.recipes import load_recipe
 from pipelines.runner import Runner
 

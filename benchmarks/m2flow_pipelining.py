@@ -29,8 +29,8 @@ from embodied.runtime import Cluster
 from embodied.timeline_plot import plot_timelines
 from benchmarks.common import RESULTS, command_of, write_result
 from pipelines.config import EmbodiedConfig
-from pipelines.embodied import EmbodiedWorkflow
-from pipelines.planning import plan_embodied, profile_embodied, resources_of, workflow_of
+from pipelines.onpolicy.workflow import EmbodiedWorkflow
+from pipelines.probes import plan_embodied, profile_embodied, resources_of, macro_flow_of
 from pipelines.runner import Runner
 from pipelines.recipes import load_recipe
 from pipelines.replan import rescale
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     calibration = results["planner"]["calibration"]
     if calibration is not None:  # the plan the run settled on (its prediction from the probes below)
         choice = Plan.from_dict(calibration["chosen"])
-        choice = dataclasses.replace(choice, predicted_iteration_s=predict(choice, profile, workflow_of(base), resources_of(base))[0])
+        choice = dataclasses.replace(choice, predicted_iteration_s=predict(choice, profile, macro_flow_of(base), resources_of(base))[0])
     seq = results["sequential"]["measured_iteration_s"]
     best_name = min(results, key=lambda n: results[n]["measured_iteration_s"])
     best = results[best_name]["measured_iteration_s"]
@@ -165,12 +165,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # slowly as they do beside each other
         chosen_factors = min(calibration["measured"], key=lambda m: m["iteration_s"])["factors"]
         at_measured = rescale(profile, chosen_factors)
-        measured_bound = lower_bound(workflow_of(base), at_measured, resources_of(base))
+        measured_bound = lower_bound(macro_flow_of(base), at_measured, resources_of(base))
         summary["bound_at_measured_costs_s"] = measured_bound.iteration_s
         summary["gap_captured_measured_at_measured_costs"] = (
             (seq - results["planner"]["measured_iteration_s"]) / (seq - measured_bound.iteration_s))
         # where the rest goes: the choice's device-seconds beyond the least work, at those costs
-        rest = gap_to_bound(simulate(choice, at_measured, workflow_of(base), resources_of(base)), measured_bound)
+        rest = gap_to_bound(simulate(choice, at_measured, macro_flow_of(base), resources_of(base)), measured_bound)
         summary["rest_of_gap_at_measured_costs"] = rest.to_dict()
     print(f"planner's choice ({choice.mode}, {choice.num_chunks} chunks): {summary['planner_speedup_vs_sequential']:.2f}x "
           f"sequential; {100 * (summary['planner_vs_best_of_sweep'] - 1):.1f}% from the best of the sweep; "
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"the choice captures {100 * summary['gap_captured_measured_at_measured_costs']:.0f}% of that gap; "
               f"the rest, in seconds of its iteration: {rest.describe()}")
 
-    workflow, resources = workflow_of(base), resources_of(base)
+    workflow, resources = macro_flow_of(base), resources_of(base)
     seq_plan = sequential_plan(workflow, resources, profile)
     panels = {"sequential (1 chunk, colocated)": simulate(seq_plan, profile, workflow, resources)}
     if mode and mode != choice.mode:  # the best plan of the sweep's mode, to see what the choice gains on it

@@ -70,8 +70,8 @@ from pipelines.calibrate import (
     Calibrator,
     relative_standard_error,
 )
-from pipelines.embodied import EmbodiedWorkflow
-from pipelines.planning import plan_embodied, profile_embodied, resources_of, workflow_of
+from pipelines.onpolicy.workflow import EmbodiedWorkflow
+from pipelines.probes import plan_embodied, profile_embodied, resources_of, macro_flow_of
 from pipelines.replan import rescale
 from pipelines.recipes import load_recipe
 from pipelines.runner import Runner
@@ -248,7 +248,7 @@ def sweep_recipe(entry: SweepRecipe, args: argparse.Namespace) -> dict[str, Any]
     with Cluster(cfg.cluster) as cluster:
         profile = profile_embodied(cfg, cluster, force=args.reprofile, log=lambda line: None)
         result = plan_embodied(cfg, profile)
-        workflow, resources = workflow_of(cfg), resources_of(cfg)
+        workflow, resources = macro_flow_of(cfg), resources_of(cfg)
         pricing = EmbodiedWorkflow(cfg)  # prices iterations as they ran (the runtime's workflow, not the planner's)
         pricing.machine(cluster)
         sequential = sequential_plan(workflow, resources, profile)

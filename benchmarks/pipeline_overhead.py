@@ -18,7 +18,7 @@ import numpy as np
 from embodied.config import apply_overrides, to_dict
 from embodied.runtime import Cluster
 from pipelines.config import EmbodiedConfig
-from pipelines.embodied import EmbodiedWorkflow
+from pipelines.onpolicy.workflow import EmbodiedWorkflow
 from pipelines.plain_loop import PlainLoop
 from pipelines.recipes import load_recipe
 from pipelines.runner import Runner

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{summary['speedup_ceiling_predicted']:.2f}x (predicted) / {summary['speedup_ceiling_measured']:.2f}x (measured "
           f"sequential) over sequential")
 
-    workflow, resources = base_flow.planner_workflow(), base_flow.resources()
+    workflow, resources = base_flow.macro_flow(), base_flow.resources()
     seq_plan = sequential_plan(workflow, resources, profile)
     png = plot_timelines(
         {"sequential (1 chunk, colocated)": simulate(seq_plan, profile, workflow, resources),

@@ -46,7 +46,7 @@ from embodied.config import to_dict  # noqa: E402
 from embodied.metrics import read_metrics  # noqa: E402
 from pipelines.cli import build_train_config, warm_start  # noqa: E402
 from pipelines.config import EmbodiedConfig  # noqa: E402
-from pipelines.embodied import EVAL_SEED_OFFSET, evaluate_weights  # noqa: E402
+from pipelines.onpolicy.workflow import EVAL_SEED_OFFSET, evaluate_weights  # noqa: E402
 from pipelines.preflight import preflight  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

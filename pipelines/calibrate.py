@@ -370,7 +370,7 @@ class Calibrator:
         """``plan``'s simulated seconds at the per-call ``factors``: of a full iteration, or with
         ``metrics`` of the iteration they describe (an episodic one may end early)."""
         assert self.profile is not None
-        seconds, _ = predict(plan, rescale(self.profile, factors), self.workflow.planner_workflow(metrics),
+        seconds, _ = predict(plan, rescale(self.profile, factors), self.workflow.macro_flow(metrics),
                              self.workflow.resources())
         return seconds
 

@@ -1,6 +1,6 @@
 """The rollout's half of the macro flow: turning env outputs into a :class:`TrajectoryBatch`.
 
-One :class:`TrajectoryRecorder` per env chunk. The Ray :class:`~pipelines.workers.RolloutWorker`
+One :class:`TrajectoryRecorder` per env chunk. The Ray :class:`~pipelines.onpolicy.workers.RolloutWorker`
 and the single-process reference loop (:mod:`pipelines.plain_loop`) drive it the same way::
 
     recorder.begin(first_output)                 # the chunk's observation (and GRPO group ids)

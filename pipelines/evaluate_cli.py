@@ -24,7 +24,7 @@ from embodied.config import apply_overrides, load_yaml
 from embodied.errors import UserError
 from pipelines.config import EmbodiedConfig
 from pipelines.collect import resolve_device
-from pipelines.embodied import evaluate_weights, policy_with_weights
+from pipelines.onpolicy.workflow import evaluate_weights, policy_with_weights
 from pipelines.preflight import preflight
 from pipelines.suite_eval import SuiteResult, evaluate_suite
 

@@ -2,8 +2,8 @@
 
 It is the embodied workflow without workers, channels or a plan, built from the same pieces: the
 same env seeds, the same :class:`TrajectoryRecorder` and sampling stream as rank 0 of the
-:class:`~pipelines.workers.RolloutWorker`, the same algorithm object, optimizer and shuffle
-generator as the :class:`~pipelines.workers.TrainerWorker`. With the ``inprocess`` env backend, one
+:class:`~pipelines.onpolicy.workers.RolloutWorker`, the same algorithm object, optimizer and shuffle
+generator as the :class:`~pipelines.onpolicy.workers.TrainerWorker`. With the ``inprocess`` env backend, one
 chunk, one trainer and the same seed, an iteration of the pipeline and of this loop produce the same
 weights (a test checks it), so the loop is both documentation and an oracle::
 
@@ -27,7 +27,7 @@ from embodied.seeding import RngStream, seed_everything
 from envs.registry import make_vec_env
 from pipelines.collect import EnvOutput, TrajectoryRecorder, env_output, resolve_device, with_instructions
 from pipelines.config import EmbodiedConfig
-from pipelines.workers import group_seeds
+from pipelines.onpolicy.workers import group_seeds
 from policies.registry import build_policy
 
 

@@ -44,7 +44,7 @@ def cmd_plan(args: list[str]) -> int:
     except PlanningError as err:
         raise UserError(f"No plan fits this machine: {err}") from None
     print(describe_provenance(profile))
-    workflow, resources = flow.planner_workflow(), flow.resources()
+    workflow, resources = flow.macro_flow(), flow.resources()
     baseline = sequential_plan(workflow, resources, profile)
     base_timeline = simulate(baseline, profile, workflow, resources)
     best = result.best

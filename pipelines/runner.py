@@ -323,7 +323,7 @@ class Runner:
             if result.bound is not None:
                 data["bound"] = result.bound.to_dict()
         if self.profile is not None:
-            data["workflow"] = self.workflow.planner_workflow().to_dict()
+            data["workflow"] = self.workflow.macro_flow().to_dict()
             (self.run_dir.path / "profile.json").write_text(json.dumps(self.profile.to_dict(), indent=2))
         (self.run_dir.path / "plan.json").write_text(json.dumps(data, indent=2))
 

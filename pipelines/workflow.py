@@ -24,7 +24,7 @@ from embodied.registry import Registry
 from embodied.runtime import Cluster
 from pipelines.layout import Layout, Machine
 from scheduler import Plan, PlanResult, Profile, Resources, predict
-from scheduler import Workflow as PlannerWorkflow
+from scheduler import MacroFlow
 
 __all__ = ["WORKFLOWS", "Layout", "Machine", "Workflow", "WorkflowSpec", "cpu_resources", "schema_of"]
 
@@ -62,7 +62,7 @@ class Workflow(ABC):
 
     def describe(self) -> str:
         """One line on what an iteration does, for ``embodied plan``."""
-        fields = self.planner_workflow().to_dict()
+        fields = self.macro_flow().to_dict()
         return ", ".join(f"{k}={v}" for k, v in fields.items() if v not in (0, None, False))
 
     # --- sizes -------------------------------------------------------------------------------------
@@ -106,15 +106,15 @@ class Workflow(ABC):
         return Layout.of(plan, self.machine(), self.ranks_for(plan))
 
     @abstractmethod
-    def planner_workflow(self, metrics: dict[str, Any] | None = None) -> PlannerWorkflow:
+    def macro_flow(self, metrics: dict[str, Any] | None = None) -> MacroFlow:
         """The macro flow as the planner sees it; with an iteration's ``metrics``, that iteration
         as it ran (an episodic iteration may end early)."""
 
     def shape_scale(self, plan: Plan, profile: Profile, metrics: dict[str, Any]) -> float:
         """The predicted seconds of the iteration ``metrics`` describe over those of a full one under
-        ``plan`` (the simulations of both shapes, :meth:`planner_workflow`): 1.0 unless the
+        ``plan`` (the simulations of both shapes, :meth:`macro_flow`): 1.0 unless the
         iteration ended early. A measured iteration divided by it is a full one's measurement."""
-        shaped, full = self.planner_workflow(metrics), self.planner_workflow()
+        shaped, full = self.macro_flow(metrics), self.macro_flow()
         if shaped == full:
             return 1.0
         return self._predicted_s(plan, profile, shaped) / self._predicted_s(plan, profile, full)
@@ -125,13 +125,13 @@ class Workflow(ABC):
         prediction holds beyond the simulation of a full iteration (calibration's runtime residual:
         seconds every iteration pays, however early it ended; 0 for a plan priced by the planner).
         A full iteration: ``plan.predicted_iteration_s``."""
-        shaped, full = self.planner_workflow(metrics), self.planner_workflow()
+        shaped, full = self.macro_flow(metrics), self.macro_flow()
         if shaped == full:
             return plan.predicted_iteration_s
         beyond = plan.predicted_iteration_s - self._predicted_s(plan, profile, full)
         return self._predicted_s(plan, profile, shaped) + beyond
 
-    def _predicted_s(self, plan: Plan, profile: Profile, workflow: PlannerWorkflow) -> float:
+    def _predicted_s(self, plan: Plan, profile: Profile, workflow: MacroFlow) -> float:
         """``plan``'s simulated seconds for ``workflow`` on ``profile`` (cached: a long iteration's
         simulation is not free, and a run asks once per iteration)."""
         key = (plan.key(), workflow)
@@ -229,7 +229,7 @@ WORKFLOWS: Registry[WorkflowSpec] = Registry("workflow")
 
 def schema_of(data: dict[str, Any]) -> type:
     """The config class of a recipe's dict (its ``workflow`` key; ``embodied`` by default)."""
-    import pipelines.embodied  # noqa: F401  (registers the built-in workflows)
+    import pipelines.onpolicy.workflow  # noqa: F401  (registers the built-in workflows)
     import pipelines.reasoning.workflow  # noqa: F401
 
     return WORKFLOWS.get(str(data.get("workflow", "embodied"))).config

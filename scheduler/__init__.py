@@ -2,8 +2,8 @@
 
 Pure Python (stdlib only): no torch, no ray, no clock, no I/O; every result is deterministic.
 
-    from scheduler import Profile, Resources, Workflow, plan, simulate
-    result = plan(Workflow.embodied(num_envs=64, rollout_steps=80), profile, Resources.gpus(4, 80))
+    from scheduler import Profile, Resources, MacroFlow, plan, simulate
+    result = plan(MacroFlow.embodied(num_envs=64, rollout_steps=80), profile, Resources.gpus(4, 80))
     print(result.format_table())
     result.best.to_dict()  # -> runs/<name>/plan.json
 
@@ -20,7 +20,7 @@ from scheduler.profile import WEIGHT_SYNC, ComponentProfile, Profile
 from scheduler.resources import Device, Resources
 from scheduler.search import PlanningError, PlanResult, plan, sequential_plan
 from scheduler.simulate import predict, simulate, task_graph
-from scheduler.workflows import WORKFLOW_KINDS, Workflow, WorkflowKind
+from scheduler.flows import FLOW_KINDS, MacroFlow, FlowKind
 
 __all__ = [
     "MODES",
@@ -28,7 +28,7 @@ __all__ = [
     "SHARED",
     "STREAMS",
     "WEIGHT_SYNC",
-    "WORKFLOW_KINDS",
+    "FLOW_KINDS",
     "Bound",
     "ComponentProfile",
     "CostModel",
@@ -43,8 +43,8 @@ __all__ = [
     "Span",
     "Task",
     "Timeline",
-    "Workflow",
-    "WorkflowKind",
+    "MacroFlow",
+    "FlowKind",
     "call_sizes",
     "chunk_sizes",
     "fit_cost_model",

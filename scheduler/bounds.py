@@ -23,7 +23,7 @@ from scheduler.placements import eligible_classes
 from scheduler.plans import Plan, Timeline
 from scheduler.profile import Profile
 from scheduler.resources import Resources
-from scheduler.workflows import Workflow
+from scheduler.flows import MacroFlow
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Bound:
         }
 
 
-def lower_bound(workflow: Workflow, profile: Profile, resources: Resources) -> Bound:
+def lower_bound(workflow: MacroFlow, profile: Profile, resources: Resources) -> Bound:
     """The work-conservation bound of ``workflow`` on ``resources`` under ``profile``'s cost model."""
     spec = workflow.spec
     work: dict[str, float] = {}
@@ -78,7 +78,7 @@ def lower_bound(workflow: Workflow, profile: Profile, resources: Resources) -> B
     return Bound(iteration_s, work, fastest, len(usable))
 
 
-def _component_seconds(workflow: Workflow, profile: Profile, component: str, devices: tuple[int, ...],
+def _component_seconds(workflow: MacroFlow, profile: Profile, component: str, devices: tuple[int, ...],
                        streams: int = 1) -> float:
     """Seconds of ``component``'s work tasks in one iteration on ``devices``: with ``streams=1`` all
     of them (one chunk, whole calls); with more, those of the largest of ``streams`` equal chunks
@@ -90,8 +90,8 @@ def _component_seconds(workflow: Workflow, profile: Profile, component: str, dev
                if t.component == component and t.kind == "work" and (streams == 1 or t.chunk == 0))
 
 
-def _fastest_in_streams(workflow: Workflow, profile: Profile, component: str, pool: tuple[int, ...]) -> float:
-    """The least seconds a pool component (``WorkflowKind.pool``) takes where ``shared`` lanes or
+def _fastest_in_streams(workflow: MacroFlow, profile: Profile, component: str, pool: tuple[int, ...]) -> float:
+    """The least seconds a pool component (``FlowKind.pool``) takes where ``shared`` lanes or
     ``streams`` run its calls as parallel chains: with L of them on the pool's D cores, one chain
     holds at least the largest of L equal chunks, on at most D - L + 1 cores (a lane: one)."""
     total = workflow.spec.chunk_total(workflow)

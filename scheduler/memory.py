@@ -4,7 +4,7 @@ A component is resident on its devices during its own phase. Outside its phase i
 unless it is in ``Plan.offload``. So on device d during phase p the resident set is
 ``{X on d: phase(X) == p or X not offloaded}``, and each X holds
 ``memory_gib + memory_per_item_gib * ceil(items / len(placement[X]))`` on each of its devices,
-where ``items`` is what one call of X holds (:attr:`WorkflowKind.memory_items`). In ``shared``
+where ``items`` is what one call of X holds (:attr:`FlowKind.memory_items`). In ``shared``
 mode the pool components' workers float over the pool, so each holds its whole calls
 (``ceil(items / 1)``) on every device of the pool; a plan has at most one lane per core.
 """
@@ -17,12 +17,12 @@ from scheduler.graph import items_per_device
 from scheduler.plans import SHARED, STREAMS, Plan
 from scheduler.profile import Profile
 from scheduler.resources import Resources
-from scheduler.workflows import Workflow
+from scheduler.flows import MacroFlow
 
 _SLACK_GIB = 1e-9  # float noise allowed when summing memory
 
 
-def component_memory_gib(plan: Plan, profile: Profile, workflow: Workflow) -> dict[str, float]:
+def component_memory_gib(plan: Plan, profile: Profile, workflow: MacroFlow) -> dict[str, float]:
     """Component -> GiB it holds on each of its devices while resident."""
     items = workflow.spec.memory_items(workflow, plan.num_chunks, plan.train_microbatch)
     pool = set(workflow.spec.pool)
@@ -75,7 +75,7 @@ def phase_overflows(
     return problems
 
 
-def memory_violations(plan: Plan, profile: Profile, workflow: Workflow, resources: Resources) -> list[str]:
+def memory_violations(plan: Plan, profile: Profile, workflow: MacroFlow, resources: Resources) -> list[str]:
     """Why ``plan`` does not fit in memory (empty list: it fits)."""
     _check_devices(plan, resources)
     spec = workflow.spec
@@ -83,7 +83,7 @@ def memory_violations(plan: Plan, profile: Profile, workflow: Workflow, resource
     return [text for _, text in phase_overflows(resident, resources, spec.phase_names)]
 
 
-def peak_memory_gib(plan: Plan, profile: Profile, workflow: Workflow, resources: Resources) -> dict[int, float]:
+def peak_memory_gib(plan: Plan, profile: Profile, workflow: MacroFlow, resources: Resources) -> dict[int, float]:
     """Device index -> the most GiB resident on it in any phase (0 for unused devices)."""
     _check_devices(plan, resources)
     spec = workflow.spec

@@ -29,7 +29,7 @@ from itertools import product
 
 from scheduler.profile import Profile
 from scheduler.resources import DeviceClass, Resources
-from scheduler.workflows import WorkflowKind
+from scheduler.flows import FlowKind
 
 Placement = dict[str, tuple[int, ...]]
 
@@ -85,12 +85,12 @@ def _disjoint_groups(
             yield {c: placement[c] for g in groups for c in g}
 
 
-def colocated(spec: WorkflowKind, profile: Profile, resources: Resources) -> Iterator[Placement]:
+def colocated(spec: FlowKind, profile: Profile, resources: Resources) -> Iterator[Placement]:
     for classes in product(*(eligible_classes(c, profile, resources) for c in spec.components)):
         yield {c: cls.indices for c, cls in zip(spec.components, classes)}
 
 
-def disaggregated(spec: WorkflowKind, profile: Profile, resources: Resources) -> Iterator[Placement]:
+def disaggregated(spec: FlowKind, profile: Profile, resources: Resources) -> Iterator[Placement]:
     yield from _disjoint(spec.components, profile, resources)
     trainers = tuple(c for c in spec.components if c in spec.hybrid_shared)
     others = tuple(c for c in spec.components if c not in spec.hybrid_shared)
@@ -99,7 +99,7 @@ def disaggregated(spec: WorkflowKind, profile: Profile, resources: Resources) ->
             yield {c: placement[c] for c in spec.components}
 
 
-def hybrid(spec: WorkflowKind, profile: Profile, resources: Resources) -> Iterator[Placement]:
+def hybrid(spec: FlowKind, profile: Profile, resources: Resources) -> Iterator[Placement]:
     shared = tuple(c for c in spec.components if c in spec.hybrid_shared)
     others = tuple(c for c in spec.components if c not in spec.hybrid_shared)
     for shared_classes in product(*(eligible_classes(c, profile, resources) for c in shared)):
@@ -108,7 +108,7 @@ def hybrid(spec: WorkflowKind, profile: Profile, resources: Resources) -> Iterat
             yield {c: placement[c] for c in spec.components}
 
 
-def shared(spec: WorkflowKind, profile: Profile, resources: Resources) -> Iterator[Placement]:
+def shared(spec: FlowKind, profile: Profile, resources: Resources) -> Iterator[Placement]:
     pool = spec.pool
     if not pool:
         return
@@ -121,7 +121,7 @@ def shared(spec: WorkflowKind, profile: Profile, resources: Resources) -> Iterat
             yield {c: placement[c] for c in spec.components}
 
 
-PLACEMENT_MODES: dict[str, Callable[[WorkflowKind, Profile, Resources], Iterator[Placement]]] = {
+PLACEMENT_MODES: dict[str, Callable[[FlowKind, Profile, Resources], Iterator[Placement]]] = {
     "colocated": colocated,
     "disaggregated": disaggregated,
     "hybrid": hybrid,

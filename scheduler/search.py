@@ -23,7 +23,7 @@ from scheduler.plans import LANE_MODES, MODES, SHARED, STREAMS, Plan, Timeline
 from scheduler.profile import Profile
 from scheduler.resources import Resources
 from scheduler.simulate import predict, simulate
-from scheduler.workflows import Workflow
+from scheduler.flows import MacroFlow
 
 DEFAULT_MAX_CHUNKS = 16
 _TIME_DECIMALS = 9  # predicted times equal to 1 ns count as ties
@@ -63,7 +63,7 @@ class PlanResult:
 
 
 def plan(
-    workflow: Workflow,
+    workflow: MacroFlow,
     profile: Profile,
     resources: Resources,
     *,
@@ -117,7 +117,7 @@ def plan(
                       bound=lower_bound(workflow, profile, resources))
 
 
-def sequential_plan(workflow: Workflow, resources: Resources, profile: Profile | None = None) -> Plan:
+def sequential_plan(workflow: MacroFlow, resources: Resources, profile: Profile | None = None) -> Plan:
     """The baseline: one chunk, colocated (every component on all its devices, taking turns).
 
     With a profile it is the best such plan (minimal offloading, largest fitting micro-batch,
@@ -148,7 +148,7 @@ def _modes(force_mode: str | None, allowed: tuple[str, ...] | None = None) -> tu
     return (force_mode,)
 
 
-def _chunk_counts(workflow: Workflow, max_chunks: int | None, force_chunks: int | None) -> tuple[int, ...]:
+def _chunk_counts(workflow: MacroFlow, max_chunks: int | None, force_chunks: int | None) -> tuple[int, ...]:
     limit = workflow.spec.chunk_total(workflow)
     if force_chunks is not None:
         if not 1 <= force_chunks <= limit:
@@ -171,7 +171,7 @@ def _lane_counts(mode: str, pool: tuple[str, ...], placement: Placement, num_chu
 
 
 def _memory_options(
-    workflow: Workflow, profile: Profile, resources: Resources, placement: Placement, num_chunks: int,
+    workflow: MacroFlow, profile: Profile, resources: Resources, placement: Placement, num_chunks: int,
     mode: str = "colocated", lanes: int = 1,
 ) -> tuple[list[tuple[tuple[str, ...], int]], list[tuple[float, str]]]:
     """Non-dominated feasible ``(offload, train_microbatch)`` pairs, and the overflows seen."""
@@ -196,8 +196,8 @@ def _memory_options(
     return kept, problems
 
 
-def _ranks_fit(workflow: Workflow, placement: Placement, resources: Resources) -> bool:
-    """Whether every component's devices suit its ranks (see ``Workflow.ranks``)."""
+def _ranks_fit(workflow: MacroFlow, placement: Placement, resources: Resources) -> bool:
+    """Whether every component's devices suit its ranks (see ``MacroFlow.ranks``)."""
     return all(workflow.rank_devices_fit(c, len(devices), resources.devices[devices[0]].kind)
                for c, devices in placement.items())
 
@@ -222,7 +222,7 @@ def _placement_cell(p: Plan) -> str:
     return cell
 
 
-def _check_profile_and_devices(workflow: Workflow, profile: Profile, resources: Resources) -> None:
+def _check_profile_and_devices(workflow: MacroFlow, profile: Profile, resources: Resources) -> None:
     spec = workflow.spec
     missing = [c for c in spec.components if c not in profile.components]
     if missing:
@@ -240,7 +240,7 @@ def _check_profile_and_devices(workflow: Workflow, profile: Profile, resources: 
 
 
 def _explain_infeasible(
-    workflow: Workflow,
+    workflow: MacroFlow,
     profile: Profile,
     resources: Resources,
     modes: tuple[str, ...],

@@ -31,10 +31,10 @@ from scheduler.graph import OFFLOAD, ONLOAD, Task
 from scheduler.plans import LANE_MODES, Plan, Span, Timeline
 from scheduler.profile import Profile
 from scheduler.resources import Resources
-from scheduler.workflows import Workflow
+from scheduler.flows import MacroFlow
 
 
-def context_switch_tasks(plan: Plan, profile: Profile, workflow: Workflow) -> list[Task]:
+def context_switch_tasks(plan: Plan, profile: Profile, workflow: MacroFlow) -> list[Task]:
     """Onload/offload tasks of the plan's offloaded components (omitted where they cost 0 s)."""
     spec = workflow.spec
     tasks = []
@@ -50,7 +50,7 @@ def context_switch_tasks(plan: Plan, profile: Profile, workflow: Workflow) -> li
     return tasks
 
 
-def task_graph(plan: Plan, profile: Profile, workflow: Workflow, resources: Resources) -> list[Task]:
+def task_graph(plan: Plan, profile: Profile, workflow: MacroFlow, resources: Resources) -> list[Task]:
     """All tasks of one iteration (work, weight sync, context switches), after validating the plan."""
     validate_plan(plan, profile, workflow, resources)
     return workflow.spec.build(workflow, plan, profile) + context_switch_tasks(plan, profile, workflow)
@@ -188,7 +188,7 @@ def _order(task: Task) -> tuple[int, int, int, int, int]:
     return task.order
 
 
-def simulate(plan: Plan, profile: Profile, workflow: Workflow, resources: Resources) -> Timeline:
+def simulate(plan: Plan, profile: Profile, workflow: MacroFlow, resources: Resources) -> Timeline:
     """Simulate one iteration of ``workflow`` under ``plan``: spans, makespan, utilization."""
     tasks = task_graph(plan, profile, workflow, resources)
     times = schedule(tasks, profile)
@@ -218,7 +218,7 @@ def _pool_rows(tasks: list[Task], times: dict[str, tuple[float, float]]) -> dict
     return rows
 
 
-def predict(plan: Plan, profile: Profile, workflow: Workflow, resources: Resources) -> tuple[float, dict[int, float]]:
+def predict(plan: Plan, profile: Profile, workflow: MacroFlow, resources: Resources) -> tuple[float, dict[int, float]]:
     """``(makespan_s, utilization)`` of :func:`simulate` without materialising spans (the search's fast path)."""
     tasks = task_graph(plan, profile, workflow, resources)
     return _summary(tasks, schedule(tasks, profile), len(resources.devices))
@@ -237,7 +237,7 @@ def _summary(tasks: list[Task], times: dict[str, tuple[float, float]], num_devic
     return makespan_s, {d: (b / makespan_s if makespan_s > 0 else 0.0) for d, b in busy_s.items()}
 
 
-def validate_plan(plan: Plan, profile: Profile, workflow: Workflow, resources: Resources) -> None:
+def validate_plan(plan: Plan, profile: Profile, workflow: MacroFlow, resources: Resources) -> None:
     """Raise ValueError if the plan does not match the workflow, the profile or the resources."""
     spec = workflow.spec
     if set(plan.placement) != set(spec.components):

@@ -24,16 +24,18 @@ cluster has a run dir (``embodied.logs``).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import difflib
+import functools
 import logging
 import os
 import re
 import socket
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from embodied import logs
 from embodied.errors import EnvError, ExitCode, UserError, WorkerFailure, exit_code_of, first_paragraph, storage_error
@@ -474,11 +476,46 @@ class RankResources:
     node: str | None = None
 
 
+def public_methods(cls: type) -> frozenset[str]:
+    """The names of ``cls``'s public methods (what a worker group can call on its ranks)."""
+    return frozenset(name for name in dir(cls) if not name.startswith("_") and callable(getattr(cls, name, None)))
+
+
+def unknown_method(cls: type, method: str, methods: frozenset[str]) -> str:
+    """One sentence for a call of a method ``cls`` does not have, with the closest names."""
+    close = difflib.get_close_matches(method, sorted(methods), n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return f"{cls.__name__} has no method {method!r}{hint}"
+
+
+class Remote:
+    """The methods of a worker group's ranks (all, or the chosen ones), as attributes: each
+    returns a function that calls the method on those ranks and returns a :class:`GroupFuture`."""
+
+    __slots__ = ("_group", "_ranks")
+
+    def __init__(self, group: WorkerGroup, ranks: Sequence[int] | None) -> None:
+        self._group = group
+        self._ranks = ranks
+
+    def __getattr__(self, method: str) -> Callable[..., GroupFuture]:
+        group = self._group
+        if method not in group.methods:
+            raise AttributeError(unknown_method(group.cls, method, group.methods))
+        return functools.partial(group.call, method, ranks=self._ranks)
+
+    def __repr__(self) -> str:
+        ranks = "all ranks" if self._ranks is None else f"ranks {list(self._ranks)}"
+        return f"<remote {self._group.name} ({ranks})>"
+
+
 class WorkerGroup(Generic[W]):
     """``num_ranks`` instances of a worker class, created on the cluster's backend.
 
-    ``group.call("method", *args, ranks=None)`` calls every rank (or the chosen ranks) and returns a
-    :class:`GroupFuture`. ``group.method(*args)`` is a shortcut for calling every rank.
+    ``group.remote.method(*args)`` calls ``method`` on every rank, ``group.on(0).method(*args)``
+    on the chosen ranks; each call returns a :class:`GroupFuture`. The methods are the worker
+    class's public ones, listed when the group is built: a misspelt name fails at the call site,
+    before anything is sent, and an editor follows ``group.remote.method`` to the worker's code.
     """
 
     def __init__(
@@ -501,6 +538,8 @@ class WorkerGroup(Generic[W]):
         self.timeout_s = cluster.cfg.timeout_s
         self.phase_timeout_s = cluster.cfg.phase_timeout_s
         self.start_timeout_s = cluster.cfg.start_timeout_s
+        self.methods = public_methods(cls)
+        """The worker class's public methods: what :attr:`remote` and :meth:`on` can call."""
         res = resources if resources is not None else RankResources()
         self.resources = list(res) if isinstance(res, Sequence) else [res] * num_ranks
         self._executors: list[cf.ThreadPoolExecutor] = []
@@ -579,9 +618,24 @@ class WorkerGroup(Generic[W]):
             return hosts
         raise RuntimeError(f"no free Ray actor name for worker group {self.name!r} after 10 tries")
 
+    @property
+    def remote(self) -> W:
+        """Every rank's methods: ``group.remote.train(batch)`` calls ``train`` on every rank and
+        returns a :class:`GroupFuture` (typed as the worker class so that editors and static
+        walks follow the call to the method it runs)."""
+        return cast(W, Remote(self, None))
+
+    def on(self, *ranks: int) -> W:
+        """The chosen ranks' methods: ``group.on(0).spaces()`` calls ``spaces`` on rank 0."""
+        bad = [r for r in ranks if not 0 <= r < self.num_ranks]
+        if not ranks or bad:
+            raise ValueError(f"worker group {self.name} has ranks 0..{self.num_ranks - 1}; asked for {list(ranks)}")
+        return cast(W, Remote(self, ranks))
+
     def call(self, method: str, *args: Any, ranks: Sequence[int] | None = None, **kwargs: Any) -> GroupFuture:
-        if not callable(getattr(self.cls, method, None)):
-            raise AttributeError(f"{self.cls.__name__} has no method {method!r}")
+        """Call ``method`` by name (prefer :attr:`remote` and :meth:`on`, which editors follow)."""
+        if method not in self.methods:
+            raise AttributeError(unknown_method(self.cls, method, self.methods))
         chosen = list(range(self.num_ranks)) if ranks is None else list(ranks)
         futures = []
         for rank in chosen:
@@ -591,17 +645,6 @@ class WorkerGroup(Generic[W]):
                 futures.append(self._executors[rank].submit(self._hosts[rank].call, method, args, kwargs))
         return GroupFuture(self.name, method, chosen, futures, self.backend, self.timeout_s,
                            [self.locations[r] for r in chosen], phase_timeout_s=self.phase_timeout_s)
-
-    def call_per_rank(self, method: str, per_rank_args: Sequence[tuple], **kwargs: Any) -> GroupFuture:
-        """Call ``method`` on every rank with its own positional args."""
-        futures = []
-        for rank, args in enumerate(per_rank_args):
-            if self.backend == "ray":
-                futures.append(self._hosts[rank].call.remote(method, tuple(args), kwargs))
-            else:
-                futures.append(self._executors[rank].submit(self._hosts[rank].call, method, tuple(args), kwargs))
-        return GroupFuture(self.name, method, list(range(len(futures))), futures, self.backend, self.timeout_s,
-                           self.locations[: len(futures)], phase_timeout_s=self.phase_timeout_s)
 
     def endpoints(self) -> list[Endpoint]:
         """Per-rank addresses for channels (Ray handle and same-machine socket; None in-process)."""
@@ -636,11 +679,6 @@ class WorkerGroup(Generic[W]):
                 future = GroupFuture(self.name, method, [rank], [ref], self.backend, timeout_s, [self.locations[rank]])
                 return future.error(0, _died(str(err)))
         return None
-
-    def __getattr__(self, method: str) -> Any:
-        if method.startswith("_"):
-            raise AttributeError(method)
-        return lambda *args, **kwargs: self.call(method, *args, **kwargs)
 
     def shutdown(self) -> None:
         if self.backend == "ray":

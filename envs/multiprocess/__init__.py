@@ -49,11 +49,9 @@ from envs.multiprocess.buffers import StepBuffers
 from envs.multiprocess.concat import concat_chunk_results, concat_obs, concat_step_results
 from envs.multiprocess.doorbell import DEFAULT_SPIN_S, WAKE, CommandWaiter, Doorbell, ReplyWaiter, memory_fence
 from envs.multiprocess.vec_env import EnvFn, EnvWorkerError, EnvWorkerTimeout, HandshakeStats, MultiprocessVecEnv, shard_bounds
-from envs.multiprocess.worker import THREAD_ENV_VARS
 
 __all__ = [
     "DEFAULT_SPIN_S",
-    "THREAD_ENV_VARS",
     "WAKE",
     "CommandWaiter",
     "Doorbell",

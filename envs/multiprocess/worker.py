@@ -31,12 +31,10 @@ import cloudpickle
 
 from embodied import logs
 from embodied.errors import EnvError, UserError
+from embodied.threads import THREAD_ENV_VARS
 from envs.multiprocess.buffers import StepBuffers
 from envs.multiprocess.doorbell import DEFAULT_SPIN_S, WAKE, CommandWaiter, Doorbell, memory_fence
 
-#: Env vars that size the thread pools of torch/OpenMP/BLAS and of Mesa's llvmpipe/lavapipe in a
-#: worker: without them every worker starts a thread per core and N workers oversubscribe the cores.
-THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LP_NUM_THREADS")
 
 
 #: prctl(2) option: the signal this process gets when its parent dies.

@@ -3,7 +3,7 @@
     profile = profile_reasoning(cfg, prompts, cluster)   # measured on this machine, cached
     result = plan_reasoning(cfg, profile)                 # scheduler.plan with the reasoning kind
 
-The planner's ``reasoning`` task graph (``scheduler/workflows.py``): per chunk c of whole prompts,
+The planner's ``reasoning`` task graph (``scheduler/flows.py``): per chunk c of whole prompts,
 ``rollout c`` generates its responses, ``reward c`` scores them and ``trainer epoch 0 c`` trains on
 them as they arrive; later epochs run over the whole batch; then the weights sync. The runtime
 matches it when every chunk holds whole minibatches, so the chunk counts tried are the divisors of
@@ -23,7 +23,7 @@ of n = B x G / k samples):
   the weights priced apart); the message cost between two worker processes; one offload/onload of
   the trainer through its own context switch.
 
-Rollout and trainer are priced as their workers run them (:func:`pipelines.planning.fit_threads`:
+Rollout and trainer are priced as their workers run them (:func:`pipelines.probes.fit_threads`:
 one thread where more do not pay off).
 """
 
@@ -40,14 +40,14 @@ from embodied.config import to_dict
 from embodied.profiler import Probe, cache_key, load_cached
 from embodied.runtime import Channel, Cluster, wait_all
 from embodied.seeding import RngStream
-from pipelines.planning import Echo, fit_threads, prefer_simple, probe_transfer, store_profile
+from pipelines.probes import Echo, fit_threads, prefer_simple, probe_transfer, store_profile
 from pipelines.reasoning.config import ReasoningConfig
 from pipelines.reasoning.data import PromptRecord
 from pipelines.reasoning.prompts import PromptReader, chunk_prompts
 from pipelines.reasoning.rollout import ROLLOUT_BACKENDS
 from pipelines.reasoning.samples import GeneratedChunk
 from pipelines.reasoning.workers import RewardWorker, RolloutWorker, start_groups
-from pipelines.workers import Pinning
+from pipelines.onpolicy.workers import Pinning
 from pipelines.workflow import Layout, cpu_resources
 from scheduler import (
     WEIGHT_SYNC,
@@ -57,7 +57,7 @@ from scheduler import (
     PlanResult,
     Profile,
     Resources,
-    Workflow,
+    MacroFlow,
     chunk_sizes,
     plan,
 )
@@ -72,9 +72,9 @@ def resources_of(cfg: ReasoningConfig) -> Resources:
     return cpu_resources(cfg.cluster.num_cpus)
 
 
-def workflow_of(cfg: ReasoningConfig) -> Workflow:
+def macro_flow_of(cfg: ReasoningConfig) -> MacroFlow:
     """The macro flow as the planner sees it: B prompts x G responses, ``algo.epochs`` epochs."""
-    return Workflow.reasoning(num_prompts=cfg.data.train_batch_size, group_size=cfg.algo.group_size,
+    return MacroFlow.reasoning(num_prompts=cfg.data.train_batch_size, group_size=cfg.algo.group_size,
                               train_epochs=cfg.algo.epochs)
 
 
@@ -89,8 +89,8 @@ def chunk_choices(cfg: ReasoningConfig) -> list[int]:
 
 def plan_reasoning(cfg: ReasoningConfig, profile: Profile) -> PlanResult:
     """The planner's ranked candidates over :func:`chunk_choices` (``plan.mode`` restricts the
-    modes); the simplest plan within 2% of the fastest wins (:func:`pipelines.planning.prefer_simple`)."""
-    workflow, resources = workflow_of(cfg), resources_of(cfg)
+    modes); the simplest plan within 2% of the fastest wins (:func:`pipelines.probes.prefer_simple`)."""
+    workflow, resources = macro_flow_of(cfg), resources_of(cfg)
     mode = None if cfg.plan.mode == "auto" else cfg.plan.mode
     results, errors = [], []
     for k in chunk_choices(cfg):
@@ -251,7 +251,7 @@ def probe_workers(cfg: ReasoningConfig, prompts: list[PromptRecord], cluster: Cl
     Each sample is the median of ``PROBE_REPEATS`` rounds after an untimed one; the thread counts
     take turns round by round (load from other processes falls on both alike). One more round
     with the trainer offloading between phases times its context switch. Then the message probe
-    (:func:`~pipelines.planning.probe_transfer`, up to ``message_mib``) between the rollout's and
+    (:func:`~pipelines.probes.probe_transfer`, up to ``message_mib``) between the rollout's and
     the reward's workers, where each group has one rank (else between two workers started for it).
 
     Timing the model in the driver missed what the workers pay in a run (docs/reasoning.md)."""

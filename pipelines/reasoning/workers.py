@@ -30,15 +30,15 @@ from embodied.runtime import Channel, Cluster, RankResources, Worker, WorkerGrou
 from embodied.runtime.weights import WeightPayload
 from embodied.seeding import RngStream
 from pipelines.collect import resolve_device
-from pipelines.embodied import THREAD_ENV
+from embodied.threads import thread_env
 from pipelines.reasoning.config import ReasoningConfig
 from pipelines.reasoning.data import PromptRecord
 from pipelines.reasoning.prompts import PromptChunk
 from pipelines.reasoning.rollout import ROLLOUT_BACKENDS
 from pipelines.reasoning.samples import GeneratedChunk, ScoredChunk, iteration_metrics, score_chunk
 from pipelines.reasoning.verifiers import RewardFunction
-from pipelines.workers import Pinning
-from pipelines.workers import TrainerWorker as EmbodiedTrainerWorker
+from pipelines.onpolicy.workers import Pinning
+from pipelines.onpolicy.workers import TrainerWorker as EmbodiedTrainerWorker
 
 
 class RolloutWorker(Worker):
@@ -276,11 +276,10 @@ def start_groups(cluster: Cluster, cfg: ReasoningConfig, pin: dict[str, Pinning]
     to start instead, as the probes do)."""
     w = cfg.workers
     gpu = lambda device: 1.0 if device.startswith("cuda") else 0.0  # noqa: E731
-    env = lambda threads: {k: str(threads) for k in THREAD_ENV}  # noqa: E731
     rollout = WorkerGroup(cluster, rollout_cls, w.rollout, cfg, pin["rollout"], name=f"{prefix}rollout",
-                          resources=RankResources(w.rollout_cpus, gpu(w.rollout_device), env(w.rollout_threads)))
+                          resources=RankResources(w.rollout_cpus, gpu(w.rollout_device), thread_env(w.rollout_threads)))
     reward = WorkerGroup(cluster, reward_cls, w.reward, cfg, pin["reward"], name=f"{prefix}reward",
-                         resources=RankResources(w.reward_cpus, 0.0, env(1)))
+                         resources=RankResources(w.reward_cpus, 0.0, thread_env(1)))
     trainer = WorkerGroup(cluster, TrainerWorker, 1, cfg, pin["trainer"], offload_trainer, name=f"{prefix}trainer",
-                          resources=RankResources(w.trainer_cpus, gpu(w.trainer_device), env(w.trainer_threads)))
+                          resources=RankResources(w.trainer_cpus, gpu(w.trainer_device), thread_env(w.trainer_threads)))
     return rollout, reward, trainer

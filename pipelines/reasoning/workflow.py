@@ -28,17 +28,17 @@ from typing import Any, Callable
 from embodied.checkpoint import check_compatible
 from embodied.runtime import Channel, Cluster, WorkerGroup, wait_all
 from embodied.runtime.weights import WeightSyncer
-from pipelines.planning import MIN_THREAD_SCALING
+from pipelines.probes import MIN_THREAD_SCALING
 from pipelines.reasoning.config import ReasoningConfig
-from pipelines.reasoning.planning import measured_factors, plan_reasoning, profile_reasoning, resources_of, workflow_of
+from pipelines.reasoning.planning import measured_factors, plan_reasoning, profile_reasoning, resources_of, macro_flow_of
 from pipelines.reasoning.preflight import PreparedData, prepare
 from pipelines.reasoning.prompts import PromptReader, chunk_prompts
 from pipelines.reasoning.workers import start_groups
-from pipelines.workers import Pinning
+from pipelines.onpolicy.workers import Pinning
 from pipelines.workflow import WORKFLOWS, Layout, Workflow, WorkflowSpec
 from policies.registry import build_policy
 from scheduler import PlanResult, Profile, Resources
-from scheduler import Workflow as PlannerWorkflow
+from scheduler import MacroFlow
 
 LOG = logging.getLogger("embodied")
 
@@ -89,8 +89,8 @@ class ReasoningWorkflow(Workflow):
     def resources(self) -> Resources:
         return resources_of(self.cfg)
 
-    def planner_workflow(self, metrics: dict[str, Any] | None = None) -> PlannerWorkflow:
-        return workflow_of(self.cfg)  # every iteration generates and trains the same samples
+    def macro_flow(self, metrics: dict[str, Any] | None = None) -> MacroFlow:
+        return macro_flow_of(self.cfg)  # every iteration generates and trains the same samples
 
     def profile(self, cluster: Cluster, force: bool, log: Callable[[str], None]) -> Profile:
         return profile_reasoning(self.cfg, self.prepared().train, cluster, force=force, log=log)

@@ -5,7 +5,7 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from embodied.timeline_plot import bar_text, plot_timelines  # noqa: E402
-from scheduler import ComponentProfile, CostModel, Profile, Resources, Workflow, plan, sequential_plan, simulate  # noqa: E402
+from scheduler import ComponentProfile, CostModel, Profile, Resources, MacroFlow, plan, sequential_plan, simulate  # noqa: E402
 
 
 def _timelines():
@@ -16,7 +16,7 @@ def _timelines():
         "trainer": ComponentProfile("trainer", CostModel(0.2, 0.0005), device_kind="gpu", memory_gib=60.0,
                                   offload_s=0.4, onload_s=0.4),
     })
-    workflow = Workflow.embodied(num_envs=64, rollout_steps=4)
+    workflow = MacroFlow.embodied(num_envs=64, rollout_steps=4)
     resources = Resources.gpus(1, 70.0) + Resources.cpu_cores(2, 8.0)
     baseline = simulate(sequential_plan(workflow, resources, profile), profile, workflow, resources)
     return {"sequential": baseline, "chosen plan": plan(workflow, profile, resources).best_timeline}, resources

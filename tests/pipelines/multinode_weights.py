@@ -20,7 +20,7 @@ def main(address: str) -> dict:
     from embodied.config import apply_overrides
     from embodied.runtime import Cluster, ClusterConfig, RankResources, WorkerGroup, wait_all
     from pipelines.config import EmbodiedConfig
-    from pipelines.workers import RolloutWorker, TrainerWorker
+    from pipelines.onpolicy.workers import RolloutWorker, TrainerWorker
 
     # a policy of ~0.5 MB: above Ray's inline limit, so the payload lives in the nodes' object stores
     cfg = apply_overrides(EmbodiedConfig, {}, ["env.id=CartPole-v1", "policy.hidden_sizes=[256, 256]"])

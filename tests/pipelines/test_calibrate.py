@@ -18,7 +18,7 @@ from embodied.errors import ConfigError
 from pipelines.calibrate import (CHOICE_MAX_ITERATIONS, CHOICE_MEASURE_S, MARGIN, MAX_ITERATIONS, MEASURE_S, TARGET_RSE,
                                  Calibrator, choice_iterations, choice_window_s, iterations_for, measured_enough, relative_standard_error)
 from pipelines.config import EmbodiedConfig
-from pipelines.embodied import EmbodiedWorkflow
+from pipelines.onpolicy.workflow import EmbodiedWorkflow
 from pipelines.replan import rescale
 from pipelines.workflow import Layout
 from scheduler import MODES, ComponentProfile, CostModel, Plan, Profile, predict
@@ -53,7 +53,7 @@ class Pipeline:
         return self.slowdown.get(plan.mode, {})
 
     def iteration_s(self, plan: Plan) -> float:
-        seconds, _ = predict(plan, rescale(self.profile, self.factors(plan)), self.workflow.planner_workflow(),
+        seconds, _ = predict(plan, rescale(self.profile, self.factors(plan)), self.workflow.macro_flow(),
                              self.workflow.resources())
         return seconds + self.runtime_s
 
@@ -314,7 +314,7 @@ class GrowingEpisodes(Pipeline):
         return {"rollout/decisions": float(decisions), "charts/samples": 8 * decisions}
 
     def iteration_s(self, plan: Plan, shape: dict | None = None) -> float:
-        seconds, _ = predict(plan, rescale(self.profile, self.factors(plan)), self.workflow.planner_workflow(shape),
+        seconds, _ = predict(plan, rescale(self.profile, self.factors(plan)), self.workflow.macro_flow(shape),
                              self.workflow.resources())
         return seconds + self.runtime_s
 

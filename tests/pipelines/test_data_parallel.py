@@ -18,7 +18,7 @@ from embodied.runtime import Cluster, ClusterConfig, WorkerGroup
 from embodied.runtime.distributed import SINGLE, DataParallel
 from embodied.runtime.weights import state_of
 from pipelines.config import EmbodiedConfig
-from pipelines.workers import Pinning, TrainerWorker
+from pipelines.onpolicy.workers import Pinning, TrainerWorker
 
 OBS = spaces.Dict({"state": spaces.Box(-np.inf, np.inf, (4,), np.float32)})
 ACT = spaces.Discrete(2)

@@ -15,7 +15,7 @@ from embodied.offload import Offloader
 from embodied.runtime import Cluster, ClusterConfig, RankResources, Worker, WorkerGroup
 from embodied.runtime.weights import WeightSyncer, state_of
 from pipelines.layout import Layout, Machine, NodeSpec
-from pipelines.workers import TrainerWorker
+from pipelines.onpolicy.workers import TrainerWorker
 from scheduler import Plan
 from tests.pipelines.test_data_parallel import ACT, OBS, config, one_rank, random_batch
 

@@ -8,7 +8,7 @@ import pytest
 from embodied.config import apply_overrides
 from embodied.runtime import Channel, Cluster, ClusterConfig, Worker, WorkerGroup
 from pipelines.config import EmbodiedConfig
-from pipelines.workers import BlockRoute, EnvWorker
+from pipelines.onpolicy.workers import BlockRoute, EnvWorker
 
 
 class Sink(Worker):

@@ -9,7 +9,7 @@ from collections import defaultdict
 import pytest
 
 from pipelines.layout import RAY_NOSET_CUDA, Layout, Machine, NodeSpec, RankPlacement
-from scheduler import Plan, PlanningError, Resources, Workflow, plan
+from scheduler import Plan, PlanningError, Resources, MacroFlow, plan
 from tests.scheduler.profiles import component, profile
 
 RANKS = {"env": 2, "rollout": 2, "trainer": 2}
@@ -67,7 +67,7 @@ def test_colocated_gpus_are_shared_and_the_idle_phase_offloads():
     offloads): each GPU holds one rollout rank and one trainer rank, half a GPU each in Ray."""
     machine = one_node()
     ranks = {"env": 1, "rollout": 4, "trainer": 4}
-    best = plan(Workflow.embodied(num_envs=64, rollout_steps=8, ranks={"env": 1, "rollout": 4, "trainer": 4}), gpu_profile(60, 60), machine.resources,
+    best = plan(MacroFlow.embodied(num_envs=64, rollout_steps=8, ranks={"env": 1, "rollout": 4, "trainer": 4}), gpu_profile(60, 60), machine.resources,
                 force_mode="colocated", force_chunks=1).best
     assert best.offload, best
     lay = Layout.of(best, machine, ranks)
@@ -82,7 +82,7 @@ def test_colocated_gpus_are_shared_and_the_idle_phase_offloads():
 
 def test_disaggregated_gpus_are_disjoint_and_whole():
     machine = one_node()
-    result = plan(Workflow.embodied(num_envs=64, rollout_steps=8, ranks={"env": 1, "rollout": 2, "trainer": 2}), gpu_profile(10, 10), machine.resources,
+    result = plan(MacroFlow.embodied(num_envs=64, rollout_steps=8, ranks={"env": 1, "rollout": 2, "trainer": 2}), gpu_profile(10, 10), machine.resources,
                   force_mode="disaggregated", force_chunks=1)
     for candidate, _ in result.candidates:  # every disaggregated plan of the search lays out
         check_device_map(Layout.of(candidate, machine, {"env": 1, "rollout": 2, "trainer": 2}), machine)
@@ -97,7 +97,7 @@ def test_disaggregated_gpus_are_disjoint_and_whole():
 
 def test_hybrid_trainer_spans_every_gpu_beside_the_rollout():
     machine = one_node()
-    wf = Workflow.embodied(num_envs=64, rollout_steps=8, ranks={"env": 1, "rollout": 4, "trainer": 4})
+    wf = MacroFlow.embodied(num_envs=64, rollout_steps=8, ranks={"env": 1, "rollout": 4, "trainer": 4})
     result = plan(wf, gpu_profile(20, 20), machine.resources, force_mode="hybrid", force_chunks=1)
     for candidate, _ in result.candidates:
         assert len(candidate.placement["trainer"]) == 4  # the trainer's 4 ranks: one GPU each
@@ -133,16 +133,16 @@ def test_the_planner_gives_ranks_whole_devices():
     none that fits is an error that says so."""
     cpu = profile(component("env", per_item_s=0.01), component("rollout", per_item_s=0.001),
                   component("trainer", per_item_s=0.01))
-    wf = Workflow.embodied(num_envs=8, rollout_steps=4, ranks={"trainer": 2})
+    wf = MacroFlow.embodied(num_envs=8, rollout_steps=4, ranks={"trainer": 2})
     result = plan(wf, cpu, Resources.cpu_cores(5, 8.0), max_chunks=2)
     assert result.candidates and all(len(p.placement["trainer"]) % 2 == 0 for p, _ in result.candidates)
-    ones = plan(Workflow.embodied(num_envs=8, rollout_steps=4), cpu, Resources.cpu_cores(5, 8.0), max_chunks=2)
+    ones = plan(MacroFlow.embodied(num_envs=8, rollout_steps=4), cpu, Resources.cpu_cores(5, 8.0), max_chunks=2)
     assert any(len(p.placement["trainer"]) % 2 for p, _ in ones.candidates)  # the rule is what removed them
-    gpus = plan(Workflow.embodied(num_envs=8, rollout_steps=4, ranks={"rollout": 1, "trainer": 2}), gpu_profile(10, 10),
+    gpus = plan(MacroFlow.embodied(num_envs=8, rollout_steps=4, ranks={"rollout": 1, "trainer": 2}), gpu_profile(10, 10),
                 one_node(gpus=3).resources, max_chunks=1)
     assert all(len(p.placement["trainer"]) == 2 and len(p.placement["rollout"]) == 1 for p, _ in gpus.candidates)
     with pytest.raises(PlanningError, match=r"ranks \(trainer 3\) whole devices"):
-        plan(Workflow.embodied(num_envs=8, rollout_steps=4, ranks={"trainer": 3}), cpu, Resources.cpu_cores(2, 8.0))
+        plan(MacroFlow.embodied(num_envs=8, rollout_steps=4, ranks={"trainer": 3}), cpu, Resources.cpu_cores(2, 8.0))
 
 
 def test_a_streams_plan_gives_each_streams_ranks_its_block_of_cores_on_one_node():

@@ -7,9 +7,9 @@ import pytest
 from embodied.config import apply_overrides
 from embodied.profiler import load_cached, store_cached
 from pipelines.config import EmbodiedConfig
-from pipelines.embodied import EmbodiedWorkflow
+from pipelines.onpolicy.workflow import EmbodiedWorkflow
 from pipelines.learn import CostLearner, describe_provenance, learned_runs, refine
-from pipelines.planning import plan_embodied
+from pipelines.probes import plan_embodied
 from pipelines.workflow import Layout
 from scheduler import ComponentProfile, CostModel, Plan, Profile, Resources
 

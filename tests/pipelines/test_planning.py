@@ -11,9 +11,9 @@ from embodied.config import apply_overrides
 from embodied.errors import ConfigError, UserError
 from embodied.runtime import Cluster, ClusterConfig
 from pipelines.config import EmbodiedConfig
-from pipelines.embodied import EmbodiedWorkflow
+from pipelines.onpolicy.workflow import EmbodiedWorkflow
 from embodied.profiler import Probe
-from pipelines.planning import (
+from pipelines.probes import (
     MIN_THREAD_SCALING,
     fit_threads,
     machine_of,
@@ -22,7 +22,7 @@ from pipelines.planning import (
     profile_embodied,
     runnable_modes,
     shared_wall_s,
-    workflow_of,
+    macro_flow_of,
 )
 from pipelines.replan import rescale
 from pipelines.workflow import Layout
@@ -155,10 +155,10 @@ def test_an_episodic_iteration_that_ended_early_is_priced_as_it_ran():
     })
     cfg = _cfg("algo.epochs=2", "algo.num_minibatches=4")
     shape = {"rollout/decisions": 3.5, "charts/samples": 24}
-    full, ran = workflow_of(cfg), workflow_of(cfg, shape)
+    full, ran = macro_flow_of(cfg), macro_flow_of(cfg, shape)
     assert (full.rollout_steps, full.samples, full.train_minibatch) == (16, 128, 32)
     assert (ran.rollout_steps, ran.samples, ran.train_minibatch) == (4, 24, 6)  # 3.5 decisions a chunk: 4 calls
-    assert workflow_of(cfg, {"rollout/decisions": 16.0, "charts/samples": 128}) == full
+    assert macro_flow_of(cfg, {"rollout/decisions": 16.0, "charts/samples": 128}) == full
     lay = Layout.of(_plan("hybrid", 2, 1.0, {"env": (0,), "rollout": (1,), "trainer": (0, 1)}), Resources.cpu_cores(2, 8.0))
     # env 4 x 2 calls of 4 envs -> 0.32 s; rollout 5 x 2 calls -> 0.02 s; trainer 2 epochs x 4 calls of 6 -> 0.024 s
     factors = measured_factors(prof, lay, cfg, {"time/sim_s": 0.64, "time/infer_s": 0.02, "time/train_s": 0.012, **shape})
@@ -194,7 +194,7 @@ def test_profile_is_measured_then_cached(tmp_path, monkeypatch):
     assert prof["env"].cost == fit_threads(probe)
     assert prof["env"].cost.scaling_exponent == 0.0 or prof["env"].cost.scaling_exponent >= MIN_THREAD_SCALING
     assert prof["rollout"].weights_mib > 0 and prof["trainer"].onload_s >= 0
-    assert workflow_of(cfg).num_envs == 8
+    assert macro_flow_of(cfg).num_envs == 8
 
 
 def test_on_ray_the_rollout_is_probed_in_a_rollout_worker_fed_over_channels(tmp_path, monkeypatch, ray_cluster):
@@ -203,7 +203,7 @@ def test_on_ray_the_rollout_is_probed_in_a_rollout_worker_fed_over_channels(tmp_
     replaying env-side worker, at every chunk size and thread count, and leaves no actor behind."""
     import ray
 
-    from pipelines.planning import resources_of
+    from pipelines.probes import resources_of
 
     monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path))
     logs: list[str] = []
@@ -224,7 +224,7 @@ def test_trainer_probe_times_the_trainers_own_update(tmp_path, monkeypatch, algo
     trainer runs: advantages, minibatch gathers, clipping, stats), on (minibatches, minibatch
     size) batches of the configured size and half of it, one epoch, divided per minibatch; for an
     episodic algorithm (GRPO) also of a sixteenth of it, where a step's fixed cost shows."""
-    import pipelines.planning as planning
+    import pipelines.probes as planning
     from embodied.algorithms.base import Algorithm
 
     calls: list[tuple[str, tuple[int, ...], int, int]] = []
@@ -250,7 +250,7 @@ def test_trainer_probe_times_the_trainers_own_update(tmp_path, monkeypatch, algo
 def test_env_probe_lets_the_policy_infer_between_timed_steps(tmp_path, monkeypatch):
     """As in the pipeline, each probed env step is followed by the policy's inference on its
     observation (untimed), so env processes are timed waking from the idle the rollout leaves."""
-    import pipelines.planning as planning
+    import pipelines.probes as planning
 
     acts: list[int] = []
     real_build = planning.build_policy
@@ -278,7 +278,7 @@ def test_fit_threads_prices_a_component_as_its_worker_will_run_it():
     """Extra threads that do not pay off: the worker runs one thread, so the slower many-thread
     probes must not price it; threads that pay off: the fit over every sample."""
     from embodied.profiler import Probe
-    from pipelines.planning import MIN_THREAD_SCALING, fit_threads
+    from pipelines.probes import MIN_THREAD_SCALING, fit_threads
 
     contended = Probe("rollout")
     for b, one, two in ((4, 0.0010, 0.0100), (8, 0.0012, 0.0090), (16, 0.0016, 0.0110)):
@@ -300,7 +300,7 @@ def test_env_probe_pins_each_shape_to_the_cores_it_prices(monkeypatch):
     """A worker placed on one core runs its simulator's helper threads on that core: each
     one-core shape is stepped pinned to one core, the all-cores shape (one process here) to two,
     and the probe's process gets its cores back afterwards."""
-    import pipelines.planning as planning
+    import pipelines.probes as planning
 
     seen: list[tuple[int, int]] = []
     real_make = planning.make_vec_env
@@ -327,7 +327,7 @@ def test_env_probe_pins_each_shape_to_the_cores_it_prices(monkeypatch):
 def test_the_rollout_probe_records_an_iterations_decisions():
     """A pass of the rollout probe records T decisions and the bootstrap call, as an iteration
     does (at most ROLLOUT_PROBE_DECISIONS)."""
-    from pipelines.planning import ROLLOUT_PROBE_DECISIONS, rollout_probe_decisions
+    from pipelines.probes import ROLLOUT_PROBE_DECISIONS, rollout_probe_decisions
 
     assert rollout_probe_decisions(_cfg("algo.rollout_steps=16")) == 16
     assert rollout_probe_decisions(_cfg("algo.rollout_steps=3")) == 3

@@ -9,7 +9,7 @@ import torch
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster
 from pipelines.config import EmbodiedConfig
-from pipelines.embodied import EmbodiedWorkflow
+from pipelines.onpolicy.workflow import EmbodiedWorkflow
 from pipelines.plain_loop import PlainLoop
 from pipelines.runner import Runner
 

@@ -9,7 +9,7 @@ from embodied.config import apply_overrides
 from embodied.errors import ConfigError
 from embodied.runtime import Cluster, WorkerError
 from pipelines.config import EmbodiedConfig
-from pipelines.embodied import EmbodiedWorkflow
+from pipelines.onpolicy.workflow import EmbodiedWorkflow
 from pipelines.runner import Runner
 
 

@@ -16,9 +16,9 @@ from embodied.rl import TrajectoryBatch
 from embodied.runtime import Channel, Cluster, ClusterConfig, Worker, WorkerGroup, wait_all
 from embodied.runtime.weights import WeightSyncer
 from pipelines.config import EmbodiedConfig
-from pipelines.embodied import EmbodiedWorkflow
+from pipelines.onpolicy.workflow import EmbodiedWorkflow
 from pipelines.runner import Runner
-from pipelines.workers import BlockRoute, EnvWorker, RolloutWorker, StreamWorker
+from pipelines.onpolicy.workers import BlockRoute, EnvWorker, RolloutWorker, StreamWorker
 from policies.registry import build_policy
 from scheduler import Plan
 

@@ -22,7 +22,7 @@ import pytest
 
 from embodied.checkpoint import load_checkpoint
 from pipelines.cli import build_train_config, warm_start
-from pipelines.embodied import evaluate_weights
+from pipelines.onpolicy.workflow import evaluate_weights
 from pipelines.preflight import preflight
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from scheduler import ComponentProfile, CostModel, Profile, Resources, Workflow
+from scheduler import ComponentProfile, CostModel, Profile, Resources, MacroFlow
 
 
 def component(name: str, fixed_s: float = 0.0, per_item_s: float = 0.0, exponent: float = 1.0, **kwargs) -> ComponentProfile:
@@ -31,15 +31,15 @@ def random_component(rng: random.Random, name: str, *, fixed: bool = True, memor
     )
 
 
-def random_instance(seed: int, kind: str = "embodied") -> tuple[Workflow, Profile, Resources]:
+def random_instance(seed: int, kind: str = "embodied") -> tuple[MacroFlow, Profile, Resources]:
     """A small random workflow, profile and (possibly heterogeneous) resources."""
     rng = random.Random(seed)
     if kind == "embodied":
-        workflow = Workflow.embodied(num_envs=rng.randint(1, 6), rollout_steps=rng.randint(1, 3),
+        workflow = MacroFlow.embodied(num_envs=rng.randint(1, 6), rollout_steps=rng.randint(1, 3),
                                      train_epochs=rng.randint(1, 2), train_overlap=rng.random() < 0.5)
         names = ("env", "rollout", "trainer")
     else:
-        workflow = Workflow.reasoning(num_prompts=rng.randint(1, 5), group_size=rng.randint(1, 3),
+        workflow = MacroFlow.reasoning(num_prompts=rng.randint(1, 5), group_size=rng.randint(1, 3),
                                       train_epochs=rng.randint(1, 2))
         names = ("rollout", "reward", "trainer")
     components = [random_component(rng, n) for n in names]

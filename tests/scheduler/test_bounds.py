@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from scheduler import PlanningError, Resources, Workflow, gap_to_bound, lower_bound, plan, sequential_plan, simulate
+from scheduler import PlanningError, Resources, MacroFlow, gap_to_bound, lower_bound, plan, sequential_plan, simulate
 from tests.scheduler.profiles import component, profile, random_component, random_instance
 from tests.scheduler.test_search import brute_force_best_s
 
@@ -34,7 +34,7 @@ def test_no_plan_beats_the_bound_on_a_pool_of_cores(seed):
     """CPU cores only, where shared lanes and streams run the env's and the rollout's calls side
     by side (before the bound counted that, 333 of 3,000 such instances had a plan below it)."""
     rng = random.Random(seed)
-    workflow = Workflow.embodied(num_envs=rng.randint(2, 16), rollout_steps=rng.randint(1, 4),
+    workflow = MacroFlow.embodied(num_envs=rng.randint(2, 16), rollout_steps=rng.randint(1, 4),
                                  train_epochs=rng.randint(1, 2), train_overlap=rng.random() < 0.3)
     components = [random_component(rng, n, memory=False) for n in ("env", "rollout", "trainer")]
     prof = profile(*components, latency_s=rng.choice([0.0, 0.001]))
@@ -53,7 +53,7 @@ def test_reasoning_bound_by_hand():
     # takes 2.5 s, which bounds every plan (the best one takes 4.8 s).
     prof = profile(component("rollout", 0.5, 0.25, 0.0), component("reward", 0.0, 0.125, 0.0),
                    component("trainer", 0.5, 0.125, 0.0), latency_s=0.1)
-    bound = lower_bound(Workflow.reasoning(num_prompts=4, group_size=2), prof, Resources.cpu_cores(3, 8.0))
+    bound = lower_bound(MacroFlow.reasoning(num_prompts=4, group_size=2), prof, Resources.cpu_cores(3, 8.0))
     assert bound.work_device_s == pytest.approx({"rollout": 2.5, "reward": 1.0, "trainer": 1.5})
     assert bound.fastest_s == pytest.approx({"rollout": 2.5, "reward": 1.0, "trainer": 1.5})
     assert bound.devices == 3 and bound.iteration_s == pytest.approx(2.5) and bound.limited_by == "rollout"
@@ -69,7 +69,7 @@ def test_embodied_bound_by_hand_and_the_speedup_ceiling_it_gives():
     # Sequential (colocated, one chunk): env 0.4 + rollout 0.3 + trainer 0.2 = 0.9 s: no plan can be
     # more than 0.9 / 0.7 = 1.29x faster, whatever the chunking.
     prof = profile(component("env", 0.0, 0.1, 0.0), component("rollout", 0.0, 0.1, 1.0), component("trainer", 0.0, 0.1, 1.0))
-    workflow, resources = Workflow.embodied(num_envs=2, rollout_steps=2), Resources.cpu_cores(2, 8.0)
+    workflow, resources = MacroFlow.embodied(num_envs=2, rollout_steps=2), Resources.cpu_cores(2, 8.0)
     bound = lower_bound(workflow, prof, resources)
     assert bound.work_device_s == pytest.approx({"env": 0.4, "rollout": 0.6, "trainer": 0.4})
     assert bound.fastest_s == pytest.approx({"env": 0.2, "rollout": 0.3, "trainer": 0.2})
@@ -85,7 +85,7 @@ def test_streams_run_a_one_thread_components_calls_side_by_side():
     # 1 ms each, 0.032 core-s. Work: (0.32 + 4.0 + 0.032) / 2 = 2.176 s, the bound (it was the
     # one-chain rollout's 4.0 s, and the planner's streams plan beat it).
     prof = profile(component("env", 0.0, 0.01, 0.0), component("rollout", 0.0, 0.1, 0.0), component("trainer", 0.0, 0.001, 1.0))
-    workflow, resources = Workflow.embodied(num_envs=8, rollout_steps=4), Resources.cpu_cores(2, 8.0)
+    workflow, resources = MacroFlow.embodied(num_envs=8, rollout_steps=4), Resources.cpu_cores(2, 8.0)
     bound = lower_bound(workflow, prof, resources)
     assert bound.fastest_s == pytest.approx({"env": 0.16, "rollout": 2.0, "trainer": 0.016})
     assert bound.iteration_s == pytest.approx(2.176) and bound.limited_by == "work"
@@ -100,7 +100,7 @@ def test_fixed_costs_make_one_chunk_the_cheapest_work():
     # A per-call overhead is paid once per call: the bound uses whole batches, and chunked plans
     # pay it per chunk, so the bound stays below every chunked plan.
     prof = profile(component("env", 0.05, 0.01, 0.0), component("rollout", 0.2, 0.01, 1.0), component("trainer", 0.3, 0.01, 1.0))
-    workflow, resources = Workflow.embodied(num_envs=8, rollout_steps=4), Resources.cpu_cores(2, 8.0)
+    workflow, resources = MacroFlow.embodied(num_envs=8, rollout_steps=4), Resources.cpu_cores(2, 8.0)
     bound = lower_bound(workflow, prof, resources)
     assert bound.work_device_s["env"] == pytest.approx(4 * (0.05 + 0.08))
     for k in (1, 2, 4, 8):
@@ -139,7 +139,7 @@ def test_gap_to_bound_by_hand():
     # trainer 0.4 core-s: 2.4 over 2 cores = 1.2 s.
     prof = profile(component("env", 0.0, 0.1, 0.0), component("rollout", 0.0, 0.2, 0.5),
                    component("trainer", 0.0, 0.1, 1.0))
-    workflow, resources = Workflow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(2, 8.0)
+    workflow, resources = MacroFlow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(2, 8.0)
     bound = lower_bound(workflow, prof, resources)
     assert bound.iteration_s == pytest.approx(1.2) and bound.limited_by == "work"
     # Sequential on both cores, nothing idle: env 0.4 s on two cores (0.8 core-s: +0.4), rollout

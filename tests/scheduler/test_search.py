@@ -11,7 +11,7 @@ from scheduler import (
     Plan,
     PlanningError,
     Resources,
-    Workflow,
+    MacroFlow,
     memory_violations,
     peak_memory_gib,
     plan,
@@ -141,7 +141,7 @@ def _tight_one_device_profile():
 
 
 def test_offloads_exactly_what_memory_requires():
-    workflow = Workflow.embodied(num_envs=4, rollout_steps=2)
+    workflow = MacroFlow.embodied(num_envs=4, rollout_steps=2)
     # 10 GiB: rollout phase holds env 4 + rollout 4 (+ trainer 8 unless offloaded); train phase holds
     # trainer 8 (+ env, rollout unless offloaded): everything must offload. Time as in the simulator's
     # hand case: 5 s rollout phase (3 rollout + 2 env calls) + 2 s train + 2.1 s of switches = 9.1 s.
@@ -160,7 +160,7 @@ def test_train_microbatch_is_the_largest_that_fits():
     # Candidates for 4 envs x 8 steps = 32 samples: 32, 16, 8, 4, 2, 1 -> 8.
     prof = profile(component("env", per_item_s=0.1), component("rollout", per_item_s=0.1),
                    component("trainer", fixed_s=1.0, memory_gib=1.0, memory_per_item_gib=0.5))
-    result = plan(Workflow.embodied(num_envs=4, rollout_steps=8), prof, Resources.cpu_cores(1, 5.0))
+    result = plan(MacroFlow.embodied(num_envs=4, rollout_steps=8), prof, Resources.cpu_cores(1, 5.0))
     assert result.best.train_microbatch == 8
     # 9 rollout calls (8 steps + bootstrap) and 8 env calls of 0.4 s = 6.8 s; trainer 32 / 8 = 4 calls of 1 s
     assert result.best.predicted_iteration_s == pytest.approx(6.8 + 4.0)
@@ -178,7 +178,7 @@ def test_reasoning_plan_with_hand_made_profile():
     #        rollout [0,2.5] reward [2.5,3.5] trainer [3.6,5.1] weight sync message -> 5.2
     prof = profile(component("rollout", 0.5, 0.25, 0.0), component("reward", 0.0, 0.125, 0.0),
                    component("trainer", 0.5, 0.125, 0.0), latency_s=0.1)
-    workflow, resources = Workflow.reasoning(num_prompts=4, group_size=2), Resources.cpu_cores(3, 8.0)
+    workflow, resources = MacroFlow.reasoning(num_prompts=4, group_size=2), Resources.cpu_cores(3, 8.0)
     result = plan(workflow, prof, resources)
     assert (result.best.mode, result.best.num_chunks) == ("disaggregated", 2)
     assert result.best.placement == {"rollout": (0,), "reward": (1,), "trainer": (2,)}
@@ -195,8 +195,8 @@ def test_plan_prefers_pipelining_when_overlap_pays():
     prof = profile(component("env", 0.01, 0.01, device_kind="cpu"), component("rollout", 0.01, 0.01, device_kind="gpu"),
                    component("trainer", 1.0, 0.0, device_kind="gpu"))
     resources = Resources.gpus(1, 80.0) + Resources.cpu_cores(2, 4.0)
-    result = plan(Workflow.embodied(num_envs=64, rollout_steps=10), prof, resources)
-    baseline = sequential_plan(Workflow.embodied(num_envs=64, rollout_steps=10), resources, prof)
+    result = plan(MacroFlow.embodied(num_envs=64, rollout_steps=10), prof, resources)
+    baseline = sequential_plan(MacroFlow.embodied(num_envs=64, rollout_steps=10), resources, prof)
     assert result.best.num_chunks > 1
     assert result.best.predicted_iteration_s < baseline.predicted_iteration_s
     assert result.best.placement["env"] == (1, 2) and result.best.placement["rollout"] == (0,)
@@ -206,7 +206,7 @@ def test_plan_prefers_pipelining_when_overlap_pays():
 
 
 def test_sequential_plan_without_profile_is_conservative():
-    baseline = sequential_plan(Workflow.embodied(num_envs=8, rollout_steps=4), Resources.gpus(2, 80.0))
+    baseline = sequential_plan(MacroFlow.embodied(num_envs=8, rollout_steps=4), Resources.gpus(2, 80.0))
     assert baseline.mode == "colocated" and baseline.num_chunks == 1
     assert baseline.placement == {"env": (0, 1), "rollout": (0, 1), "trainer": (0, 1)}
     assert baseline.offload == ("env", "rollout", "trainer")
@@ -216,7 +216,7 @@ def test_sequential_plan_without_profile_is_conservative():
 def test_planning_error_names_the_component_and_device():
     prof = profile(component("env", 0.1), component("rollout", 0.1), component("trainer", 1.0, memory_gib=100.0))
     with pytest.raises(PlanningError, match=r"'trainer'.*gpu0.*80 GiB"):
-        plan(Workflow.embodied(num_envs=4, rollout_steps=2), prof, Resources.gpus(2, 80.0))
+        plan(MacroFlow.embodied(num_envs=4, rollout_steps=2), prof, Resources.gpus(2, 80.0))
 
 
 def test_planning_error_when_one_phase_does_not_fit():
@@ -224,11 +224,11 @@ def test_planning_error_when_one_phase_does_not_fit():
     prof = profile(component("env", 0.1, memory_gib=6.0), component("rollout", 0.1, memory_gib=6.0),
                    component("trainer", 1.0, memory_gib=1.0))
     with pytest.raises(PlanningError, match=r"device 0 \(cpu0.*phase 'rollout'.*env 6 \+ rollout 6"):
-        plan(Workflow.embodied(num_envs=4, rollout_steps=2), prof, Resources.cpu_cores(1, 10.0))
+        plan(MacroFlow.embodied(num_envs=4, rollout_steps=2), prof, Resources.cpu_cores(1, 10.0))
 
 
 def test_planning_error_for_missing_device_kind_and_component():
-    workflow = Workflow.embodied(num_envs=4, rollout_steps=2)
+    workflow = MacroFlow.embodied(num_envs=4, rollout_steps=2)
     gpu_only = profile(component("env"), component("rollout", device_kind="gpu"), component("trainer"))
     with pytest.raises(PlanningError, match="'rollout' needs gpu devices"):
         plan(workflow, gpu_only, Resources.cpu_cores(2, 8.0))
@@ -265,8 +265,8 @@ def test_overlapped_training_moves_the_trainer_to_its_own_core():
     prof = profile(component("env", 0.0, 0.1, 0.0), component("rollout", 0.05, 0.0, 0.0),
                    component("trainer", 0.0, 0.4, 0.0))
     resources = Resources.cpu_cores(2, 8.0)
-    sync = plan(Workflow.embodied(2, 2), prof, resources).best
-    overlap = plan(Workflow.embodied(2, 2, train_overlap=True), prof, resources).best
+    sync = plan(MacroFlow.embodied(2, 2), prof, resources).best
+    overlap = plan(MacroFlow.embodied(2, 2, train_overlap=True), prof, resources).best
     # collection at best two streams, one env each on its own core (0.05 + 0.1 + 0.05 + 0.1 + 0.05 s), then training
     assert sync.mode == "streams" and sync.predicted_iteration_s == pytest.approx(0.35 + 1.6)
     assert overlap.mode == "disaggregated"
@@ -282,7 +282,7 @@ def test_streams_two_cores_by_hand_and_chosen_when_fastest():
     # Shared 2 lanes takes 2.0 s (tests/scheduler/test_simulate.py), hybrid 2 chunks 2.5 s.
     prof = profile(component("env", per_item_s=0.25, exponent=0.0), component("rollout", per_item_s=0.5, exponent=0.0),
                    component("trainer", fixed_s=0.5))
-    workflow, resources = Workflow.embodied(num_envs=2, rollout_steps=1), Resources.cpu_cores(2, 8.0)
+    workflow, resources = MacroFlow.embodied(num_envs=2, rollout_steps=1), Resources.cpu_cores(2, 8.0)
     pool = {"env": (0, 1), "rollout": (0, 1), "trainer": (0, 1)}
     streams = Plan("streams", pool, 2, None, (), math.nan, lanes=2)
     timeline = simulate(streams, prof, workflow, resources)
@@ -320,4 +320,4 @@ def test_streams_plans_are_validated():
     with pytest.raises(ValueError, match="exceeds the pool"):
         simulate(Plan("streams", {"env": (0, 1), "rollout": (0, 1), "trainer": (0, 1)}, 3, None, (), math.nan, lanes=3),
                  profile(component("env"), component("rollout"), component("trainer")),
-                 Workflow.embodied(num_envs=3, rollout_steps=1), Resources.cpu_cores(2, 8.0))
+                 MacroFlow.embodied(num_envs=3, rollout_steps=1), Resources.cpu_cores(2, 8.0))

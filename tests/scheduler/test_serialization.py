@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from scheduler import ComponentProfile, CostModel, Plan, Profile, Resources, Workflow, plan, sequential_plan
+from scheduler import ComponentProfile, CostModel, Plan, Profile, Resources, MacroFlow, plan, sequential_plan
 from tests.scheduler.profiles import random_instance
 
 
@@ -29,7 +29,7 @@ def test_shared_plan_round_trips_with_its_lanes_and_older_plans_read_as_one_lane
 
 
 def test_plan_without_prediction_round_trips_as_null():
-    baseline = sequential_plan(Workflow.reasoning(num_prompts=4, group_size=2), Resources.gpus(1, 80.0))
+    baseline = sequential_plan(MacroFlow.reasoning(num_prompts=4, group_size=2), Resources.gpus(1, 80.0))
     data = _through_json(baseline.to_dict())
     assert data["predicted_iteration_s"] is None
     back = Plan.from_dict(data)
@@ -51,11 +51,11 @@ def test_profile_round_trip():
 
 
 def test_workflow_and_resources_round_trip():
-    workflow = Workflow.embodied(num_envs=16, rollout_steps=8, train_epochs=2, train_minibatch=32)
-    assert Workflow.from_dict(_through_json(workflow.to_dict())) == workflow
-    ranked = Workflow.embodied(num_envs=16, rollout_steps=8, ranks={"trainer": 2, "env": 1})
+    workflow = MacroFlow.embodied(num_envs=16, rollout_steps=8, train_epochs=2, train_minibatch=32)
+    assert MacroFlow.from_dict(_through_json(workflow.to_dict())) == workflow
+    ranked = MacroFlow.embodied(num_envs=16, rollout_steps=8, ranks={"trainer": 2, "env": 1})
     data = _through_json(ranked.to_dict())
-    assert data["ranks"] == {"env": 1, "trainer": 2} and Workflow.from_dict(data) == ranked
+    assert data["ranks"] == {"env": 1, "trainer": 2} and MacroFlow.from_dict(data) == ranked
     resources = Resources.gpus(2, 80.0) + Resources.cpu_cores(4, 4.0)
     assert Resources.from_dict(_through_json(resources.to_dict())) == resources
 
@@ -68,6 +68,6 @@ def test_from_dict_names_wrong_keys():
     with pytest.raises(ValueError, match="mode must be one of"):
         Plan.from_dict({"mode": "pipelined", "placement": {"env": [0]}, "num_chunks": 1})
     with pytest.raises(ValueError, match="unknown workflow kind"):
-        Workflow.from_dict({"kind": "robotics"})
+        MacroFlow.from_dict({"kind": "robotics"})
     with pytest.raises(ValueError, match="does not use num_envs"):
-        Workflow("reasoning", num_envs=4, num_prompts=2, group_size=2)
+        MacroFlow("reasoning", num_envs=4, num_prompts=2, group_size=2)

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from scheduler import Plan, Resources, Workflow, chunk_sizes, simulate, task_graph
+from scheduler import Plan, Resources, MacroFlow, chunk_sizes, simulate, task_graph
 from scheduler.graph import WORK, Dep, Task
 from scheduler.memory import switchable_components
 from scheduler.simulate import schedule
@@ -47,7 +47,7 @@ def test_disaggregated_two_chunks_one_step_by_hand():
     #   dev0 env:     t0c0 [.5,1]  t0c1 [1,1.5]
     #   dev2 trainer:   [2, 2.5]  (one call on all 4 samples: fixed 0.5 s)
     # One chunk: rollout [0,1], env [1,2], rollout [2,3], trainer [3,3.5].
-    workflow, resources = Workflow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(3, 8.0)
+    workflow, resources = MacroFlow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(3, 8.0)
     timeline = simulate(_plan("disaggregated", DISAGGREGATED, 2), _env_rollout_profile(), workflow, resources)
     times = _times(timeline)
     assert times["env t0 c1"] == (1.0, 1.5)
@@ -63,7 +63,7 @@ def test_disaggregated_two_chunks_two_steps_by_hand():
     #   rollout: t0c0 [0,.5] t0c1 [.5,1] t1c0 [1,1.5] t1c1 [1.5,2] t2c0 (env t1c0 ends 2) [2,2.5] t2c1 [2.5,3]
     #   env:     t0c0 [.5,1] t0c1 [1,1.5] t1c0 (rollout t1c0 ends 1.5) [1.5,2] t1c1 (r t1c1 ends 2) [2,2.5]
     #   trainer: [3, 3.5]. One chunk: 3 rollout + 2 env calls of 1 s + 0.5 = 5.5.
-    workflow, resources = Workflow.embodied(num_envs=4, rollout_steps=2), Resources.cpu_cores(3, 8.0)
+    workflow, resources = MacroFlow.embodied(num_envs=4, rollout_steps=2), Resources.cpu_cores(3, 8.0)
     timeline = simulate(_plan("disaggregated", DISAGGREGATED, 2), _env_rollout_profile(), workflow, resources)
     times = _times(timeline)
     assert times["env t1 c0"] == (1.5, 2.0)
@@ -81,7 +81,7 @@ def test_transfer_latency_and_size_by_hand():
     prof = profile(component("env", per_item_s=0.25, output_mib_per_item=2.0), component("rollout", per_item_s=0.25),
                    component("trainer", fixed_s=0.5), latency_s=0.1, s_per_mib=0.05)
     timeline = simulate(_plan("disaggregated", DISAGGREGATED, 1), prof,
-                        Workflow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(3, 8.0))
+                        MacroFlow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(3, 8.0))
     times = _times(timeline)
     assert times["env t0 c0"] == pytest.approx((1.1, 2.1))
     assert times["rollout t1 c0"] == pytest.approx((2.6, 3.6))
@@ -100,7 +100,7 @@ def test_colocated_with_context_switches_by_hand():
     )
     placement = {"env": (0,), "rollout": (0,), "trainer": (0,)}
     timeline = simulate(_plan("colocated", placement, 1, offload=("trainer", "env", "rollout")), prof,
-                        Workflow.embodied(num_envs=4, rollout_steps=2), Resources.cpu_cores(1, 8.0))
+                        MacroFlow.embodied(num_envs=4, rollout_steps=2), Resources.cpu_cores(1, 8.0))
     times = _times(timeline)
     assert times["env t0 c0"] == pytest.approx((1.6, 2.6))
     assert times["onload trainer @0"] == pytest.approx((6.0, 6.6))
@@ -116,7 +116,7 @@ def test_weight_sync_across_devices_by_hand():
     prof = profile(component("env", per_item_s=0.25), component("rollout", per_item_s=0.25, weights_mib=10.0),
                    component("trainer", fixed_s=0.5), component("weight_sync", fixed_s=0.25), s_per_mib=0.1)
     timeline = simulate(_plan("disaggregated", DISAGGREGATED, 2), prof,
-                        Workflow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(3, 8.0))
+                        MacroFlow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(3, 8.0))
     sync = [s for s in timeline.spans if s.kind == "sync"]
     assert [(s.device, s.start_s, s.end_s) for s in sync] == [(1, 3.5, 3.75)]
     assert timeline.makespan_s == 3.75
@@ -131,7 +131,7 @@ def test_reasoning_streams_micro_batches_by_hand():
     prof = profile(component("rollout", 0.5, 0.25, 0.0), component("reward", 0.0, 0.125, 0.0),
                    component("trainer", 0.5, 0.125, 0.0), latency_s=0.1)
     placement = {"rollout": (0,), "reward": (1,), "trainer": (2,)}
-    timeline = simulate(_plan("disaggregated", placement, 2), prof, Workflow.reasoning(num_prompts=4, group_size=2),
+    timeline = simulate(_plan("disaggregated", placement, 2), prof, MacroFlow.reasoning(num_prompts=4, group_size=2),
                         Resources.cpu_cores(3, 8.0))
     times = _times(timeline)
     assert times["reward c0"] == pytest.approx((1.6, 2.1))
@@ -150,7 +150,7 @@ def test_chunk_sizes_partition_and_balance():
 
 
 def test_tasks_use_chunk_sizes_as_batches():
-    workflow = Workflow.embodied(num_envs=10, rollout_steps=2)
+    workflow = MacroFlow.embodied(num_envs=10, rollout_steps=2)
     prof = profile(component("env", per_item_s=1.0), component("rollout", per_item_s=1.0), component("trainer", 1.0))
     placement = {"env": (0,), "rollout": (0,), "trainer": (0,)}
     tasks = task_graph(_plan("colocated", placement, 4), prof, workflow, Resources.cpu_cores(1, 8.0))
@@ -225,7 +225,7 @@ def test_dependencies_devices_and_order_are_respected(seed, kind):
 @pytest.mark.parametrize("seed", range(60))
 def test_more_chunks_never_slower_without_fixed_costs_when_disaggregated(seed):
     rng = random.Random(seed)
-    workflow = Workflow.embodied(num_envs=rng.randint(1, 12), rollout_steps=rng.randint(1, 4))
+    workflow = MacroFlow.embodied(num_envs=rng.randint(1, 12), rollout_steps=rng.randint(1, 4))
     prof = profile(
         component("env", 0.0, rng.uniform(0.01, 1.0), rng.choice([0.0, 1.0]), output_mib_per_item=rng.uniform(0, 2)),
         component("rollout", 0.0, rng.uniform(0.01, 1.0), rng.choice([0.0, 1.0]), output_mib_per_item=rng.uniform(0, 2)),
@@ -243,7 +243,7 @@ def test_more_chunks_never_slower_without_fixed_costs_when_disaggregated(seed):
 
 
 def test_simulate_rejects_invalid_plans():
-    workflow = Workflow.embodied(num_envs=4, rollout_steps=1)
+    workflow = MacroFlow.embodied(num_envs=4, rollout_steps=1)
     resources = Resources.cpu_cores(2, 8.0)
     with pytest.raises(ValueError, match="exceeds"):
         simulate(_plan("colocated", {"env": (0,), "rollout": (0,), "trainer": (0,)}, 5), _env_rollout_profile(),
@@ -259,7 +259,7 @@ def test_simulate_rejects_invalid_plans():
 
 
 def test_switchable_components_only_share_devices_across_phases():
-    phases = Workflow.embodied(num_envs=2, rollout_steps=1).spec.phases
+    phases = MacroFlow.embodied(num_envs=2, rollout_steps=1).spec.phases
     assert switchable_components({"env": (0,), "rollout": (1,), "trainer": (0, 1)}, phases) == ("env", "rollout", "trainer")
     assert switchable_components({"env": (0,), "rollout": (0,), "trainer": (1,)}, phases) == ()
 
@@ -273,7 +273,7 @@ def test_cross_process_messages_pay_latency_between_colocated_components():
     base = profile(component("env", per_item_s=0.25), component("rollout", per_item_s=0.25),
                    component("trainer", fixed_s=0.5), latency_s=0.1)
     plan = _plan("colocated", {"env": (0,), "rollout": (0,), "trainer": (0,)}, 1)
-    workflow, resources = Workflow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(1, 8.0)
+    workflow, resources = MacroFlow.embodied(num_envs=4, rollout_steps=1), Resources.cpu_cores(1, 8.0)
     assert simulate(plan, base, workflow, resources).makespan_s == pytest.approx(3.5)
     cross = type(base).from_dict({**base.to_dict(), "cross_process_messages": True})
     timeline = simulate(plan, cross, workflow, resources)
@@ -291,7 +291,7 @@ def test_train_overlap_by_hand():
     resources = Resources.cpu_cores(2, 8.0)
     apart = _plan("disaggregated", {"env": (0,), "rollout": (0,), "trainer": (1,)}, 1)
     shared = _plan("hybrid", {"env": (0,), "rollout": (1,), "trainer": (0, 1)}, 1)
-    sync, overlap = Workflow.embodied(2, 2), Workflow.embodied(2, 2, train_overlap=True)
+    sync, overlap = MacroFlow.embodied(2, 2), MacroFlow.embodied(2, 2, train_overlap=True)
     # collection 0.05 + 0.2 + 0.05 + 0.2 + 0.05 = 0.55 s on core 0; training 0.8 s
     assert simulate(apart, prof, sync, resources).makespan_s == pytest.approx(0.55 + 0.8)
     timeline = simulate(apart, prof, overlap, resources)
@@ -308,8 +308,8 @@ def test_an_episodic_iteration_trains_on_the_samples_its_episodes_took():
                    component("trainer", 0.0, 0.01, 0.0))
     plan = _plan("disaggregated", {"env": (0,), "rollout": (0,), "trainer": (1,)}, 1)
     resources = Resources.cpu_cores(2, 8.0)
-    full = Workflow.embodied(4, 10, train_minibatch=10)
-    ended_early = Workflow.embodied(4, 3, train_minibatch=2, train_samples=9)
+    full = MacroFlow.embodied(4, 10, train_minibatch=10)
+    ended_early = MacroFlow.embodied(4, 3, train_minibatch=2, train_samples=9)
     assert (full.samples, ended_early.samples) == (40, 9)
     assert _times(simulate(plan, prof, full, resources))["trainer epoch 0"][1] - \
         _times(simulate(plan, prof, full, resources))["trainer epoch 0"][0] == pytest.approx(0.4)
@@ -317,18 +317,18 @@ def test_an_episodic_iteration_trains_on_the_samples_its_episodes_took():
     assert times["trainer epoch 0"][1] - times["trainer epoch 0"][0] == pytest.approx(0.09)  # 5 calls, 9 samples
     assert times["trainer epoch 0"][0] == pytest.approx(3 * 0.4 + 4 * 0.05)  # 3 decisions of 4 envs first
     with pytest.raises(ValueError, match="train_samples must be >= 1"):
-        Workflow.embodied(4, 3, train_samples=0)
+        MacroFlow.embodied(4, 3, train_samples=0)
     with pytest.raises(ValueError, match="train_minibatch must lie in"):
-        Workflow.embodied(4, 3, train_minibatch=10, train_samples=9)
+        MacroFlow.embodied(4, 3, train_minibatch=10, train_samples=9)
     with pytest.raises(ValueError, match="does not use train_samples"):
-        Workflow("reasoning", num_prompts=2, group_size=2, train_samples=3)
-    assert Workflow.from_dict(ended_early.to_dict()) == ended_early
+        MacroFlow("reasoning", num_prompts=2, group_size=2, train_samples=3)
+    assert MacroFlow.from_dict(ended_early.to_dict()) == ended_early
 
 
 def test_train_overlap_is_embodied_only():
     with pytest.raises(ValueError, match="does not use train_overlap"):
-        Workflow("reasoning", num_prompts=2, group_size=2, train_overlap=True)
-    assert Workflow.from_dict(Workflow.embodied(2, 2, train_overlap=True).to_dict()).train_overlap
+        MacroFlow("reasoning", num_prompts=2, group_size=2, train_overlap=True)
+    assert MacroFlow.from_dict(MacroFlow.embodied(2, 2, train_overlap=True).to_dict()).train_overlap
 
 
 # ------------------------------------------------------------------- shared pool (processor sharing)
@@ -379,7 +379,7 @@ def test_shared_two_lanes_by_hand():
     #   trainer on both cores [1.5, 2.0]
     # Hybrid (env:0 rollout:1) must run the four rollout calls one after the other: 2.0 s, then 2.5.
     prof = profile(component("env", per_item_s=0.25), component("rollout", per_item_s=0.5), component("trainer", fixed_s=0.5))
-    workflow, resources = Workflow.embodied(num_envs=2, rollout_steps=1), Resources.cpu_cores(2, 8.0)
+    workflow, resources = MacroFlow.embodied(num_envs=2, rollout_steps=1), Resources.cpu_cores(2, 8.0)
     plan = Plan("shared", SHARED_POOL, 2, None, (), NAN, lanes=2)
     timeline = simulate(plan, prof, workflow, resources)
     times = _times(timeline)
@@ -396,7 +396,7 @@ def test_shared_two_lanes_by_hand():
 
 
 def test_shared_plans_are_validated():
-    workflow, prof = Workflow.embodied(num_envs=2, rollout_steps=1), _env_rollout_profile()
+    workflow, prof = MacroFlow.embodied(num_envs=2, rollout_steps=1), _env_rollout_profile()
     with pytest.raises(ValueError, match="lanes"):
         Plan("shared", SHARED_POOL, 2, None, (), NAN, lanes=1)
     with pytest.raises(ValueError, match="lanes"):
@@ -406,7 +406,7 @@ def test_shared_plans_are_validated():
                  prof, workflow, Resources.cpu_cores(2, 8.0))
     with pytest.raises(ValueError, match="CPU cores"):
         simulate(Plan("shared", SHARED_POOL, 2, None, (), NAN, lanes=2), prof, workflow, Resources.gpus(2, 8.0))
-    reasoning = Workflow.reasoning(num_prompts=2, group_size=1)
+    reasoning = MacroFlow.reasoning(num_prompts=2, group_size=1)
     with pytest.raises(ValueError, match="no shared mode"):
         simulate(Plan("shared", {"rollout": (0, 1), "reward": (0, 1), "trainer": (0, 1)}, 2, None, (), NAN, lanes=2),
                  profile(component("rollout"), component("reward"), component("trainer")), reasoning,

@@ -10,7 +10,7 @@ from embodied.config import apply_overrides
 from embodied.runtime import Cluster, ClusterConfig
 from pipelines.reasoning.config import ReasoningConfig
 from embodied.profiler import Probe
-from pipelines.planning import MIN_THREAD_SCALING
+from pipelines.probes import MIN_THREAD_SCALING
 from pipelines.reasoning.planning import (
     chunk_choices,
     measured_factors,
@@ -61,7 +61,7 @@ def test_plan_from_a_hand_made_profile_matches_the_schedule_by_hand() -> None:
     assert times[("disaggregated", 1)] == pytest.approx(5.7) and times[("hybrid", 2)] == pytest.approx(5.7)
     spans = {s.label: (s.start_s, s.end_s) for s in result.best_timeline.spans}
     assert spans["trainer epoch 0 c0"] == pytest.approx((2.1, 3.1)) and spans["reward c1"] == pytest.approx((3.5, 4.0))
-    workflow = ReasoningWorkflow(cfg).planner_workflow()
+    workflow = ReasoningWorkflow(cfg).macro_flow()
     assert sequential_plan(workflow, Resources.cpu_cores(2, 8.0), hand_made()).predicted_iteration_s == pytest.approx(5.5)
     # forced settings are honoured
     forced = plan_reasoning(build("plan.mode=colocated"), hand_made()).best

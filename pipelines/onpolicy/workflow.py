@@ -25,31 +25,31 @@ import numpy as np
 from embodied.algorithms import build_algorithm
 from embodied.runtime import Channel, Cluster, GroupFuture, RankResources, WorkerError, WorkerGroup, wait_all
 from embodied.checkpoint import check_compatible
+from embodied.threads import thread_env
 from embodied.runtime.weights import WeightSyncer, state_of
 from pipelines.collect import resolve_device
 from pipelines.config import EmbodiedConfig
 from pipelines.evaluate import evaluate_policy
 from pipelines.layout import Machine, RankPlacement
-from pipelines.planning import (
+from pipelines.probes import (
     MIN_THREAD_SCALING,
     machine_of,
     measured_factors,
     plan_embodied,
     profile_embodied,
     trainer_micro_batch,
-    workflow_of,
+    macro_flow_of,
 )
 from pipelines.preflight import preflight
-from pipelines.workers import BlockRoute, EnvWorker, Pinning, RolloutWorker, StreamWorker, TrainerWorker
+from pipelines.onpolicy.workers import BlockRoute, EnvWorker, Pinning, RolloutWorker, StreamWorker, TrainerWorker
 from pipelines.workflow import WORKFLOWS, Layout, Workflow, WorkflowSpec
 from policies.registry import build_policy
 from scheduler import SHARED, STREAMS, Plan, PlanResult, Profile
-from scheduler import Workflow as PlannerWorkflow
+from scheduler import MacroFlow
 
 LOG = logging.getLogger("embodied")
 RETURN_WINDOW = 20
 EVAL_SEED_OFFSET = 10_000_000  # evaluation episodes start from seeds apart from training's
-THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LP_NUM_THREADS")
 
 
 class EmbodiedWorkflow(Workflow):
@@ -76,7 +76,7 @@ class EmbodiedWorkflow(Workflow):
 
     def describe(self) -> str:
         cfg = self.cfg
-        workflow = workflow_of(cfg)
+        workflow = macro_flow_of(cfg)
         steps = "steps" if cfg.policy.action_chunk == 1 else f"chunks of {cfg.policy.action_chunk} actions"
         return f"{workflow.num_envs} envs x {workflow.rollout_steps} {steps}, {workflow.train_epochs} epochs"
 
@@ -90,8 +90,8 @@ class EmbodiedWorkflow(Workflow):
         return self.cfg.algo.total_env_steps
 
     # --- planning ----------------------------------------------------------------------------------
-    def planner_workflow(self, metrics: dict[str, Any] | None = None) -> PlannerWorkflow:
-        return workflow_of(self.cfg, metrics)
+    def macro_flow(self, metrics: dict[str, Any] | None = None) -> MacroFlow:
+        return macro_flow_of(self.cfg, metrics)
 
     def profile(self, cluster: Cluster, force: bool, log: Callable[[str], None]) -> Profile:
         return profile_embodied(self.cfg, cluster, force=force, log=log)
@@ -169,7 +169,7 @@ class EmbodiedWorkflow(Workflow):
         out = []
         for rank in layout.ranks_of(component):
             num_gpus = rank.num_gpus if rank.gpus is not None else (1.0 if device.startswith("cuda") else 0.0)
-            env_vars = {**{k: str(threads) for k in THREAD_ENV}, **rank.env_vars()}
+            env_vars = {**thread_env(threads), **rank.env_vars()}
             out.append(RankResources(cpus, num_gpus, env_vars, dict(custom), None if custom else rank.node))
         return out
 

@@ -1,11 +1,11 @@
-"""Macro flows: a :class:`Workflow` describes one iteration; its kind turns it into a task graph.
+"""Macro flows: a :class:`MacroFlow` describes one iteration; its kind turns it into a task graph.
 
-Kinds live in :data:`WORKFLOW_KINDS` (a registry of builder specs, no if/elif on the kind):
+Kinds live in :data:`FLOW_KINDS` (a registry of builder specs, no if/elif on the kind):
 
 ``embodied``
     Per chunk c, a strict alternation
     ``rollout t0 → env t0 → rollout t1 → env t1 → … → env t(T-1) → rollout tT``, the message
-    protocol of ``pipelines/workers.py``: the env worker first sends the chunk's current
+    protocol of ``pipelines/onpolicy/workers.py``: the env worker first sends the chunk's current
     observation (carried over from the last iteration, or the reset on the very first one; free
     in steady state, so not a task), ``rollout t`` infers actions (and values, log-probs) for the
     observation of step t, ``env t`` steps the chunk's envs with them, and ``rollout tT`` computes
@@ -14,7 +14,7 @@ Kinds live in :data:`WORKFLOW_KINDS` (a registry of builder specs, no if/elif on
     ``num_envs * rollout_steps`` samples (``train_samples``: those an episodic iteration's episodes
     took; PPO needs the whole batch before its first epoch), in
     calls of ``train_microbatch`` samples. Then weights sync to the rollout workers.
-    In ``shared`` mode (:data:`WorkflowKind.pool`: env and rollout) the env tasks run on lane
+    In ``shared`` mode (:data:`FlowKind.pool`: env and rollout) the env tasks run on lane
     ``"env"`` and chunk c's rollout tasks on lane ``"rollout {c % lanes}"``, each priced at one
     thread, sharing the pool's cores (see :mod:`scheduler.simulate`). In ``streams`` mode chunk c's
     env and rollout tasks both run on stream c's cores (``Plan.stream_devices``), priced at that
@@ -45,11 +45,11 @@ from scheduler.profile import WEIGHT_SYNC, Profile
 
 
 @dataclass(frozen=True)
-class Workflow:
+class MacroFlow:
     """One iteration of a macro flow. Build it with :meth:`embodied` or :meth:`reasoning`."""
 
     kind: str
-    """A key of :data:`WORKFLOW_KINDS`: ``"embodied"`` or ``"reasoning"``."""
+    """A key of :data:`FLOW_KINDS`: ``"embodied"`` or ``"reasoning"``."""
     num_envs: int = 0
     """embodied: parallel envs in one iteration, summed over all env workers (the plan divides them)."""
     rollout_steps: int = 0
@@ -79,13 +79,13 @@ class Workflow:
     named here may use any devices."""
 
     def __post_init__(self) -> None:
-        spec = workflow_kind(self.kind)
+        spec = flow_kind(self.kind)
         if self.train_epochs < 1:
-            raise ValueError(f"Workflow.train_epochs must be >= 1, got {self.train_epochs}")
+            raise ValueError(f"MacroFlow.train_epochs must be >= 1, got {self.train_epochs}")
         object.__setattr__(self, "ranks", tuple(sorted((str(c), int(n)) for c, n in self.ranks)))
         bad = [(c, n) for c, n in self.ranks if n < 1 or c not in spec.components]
         if bad:
-            raise ValueError(f"Workflow.ranks names components of the {self.kind} workflow ({', '.join(spec.components)}) "
+            raise ValueError(f"MacroFlow.ranks names components of the {self.kind} workflow ({', '.join(spec.components)}) "
                              f"with at least 1 rank each, got {bad}")
         spec.validate(self)
 
@@ -106,7 +106,7 @@ class Workflow:
     def embodied(
         cls, num_envs: int, rollout_steps: int, train_epochs: int = 1, train_minibatch: int | None = None,
         train_overlap: bool = False, ranks: Mapping[str, int] | None = None, train_samples: int | None = None,
-    ) -> Workflow:
+    ) -> MacroFlow:
         return cls("embodied", num_envs=num_envs, rollout_steps=rollout_steps, train_epochs=train_epochs,
                    train_minibatch=train_minibatch, train_overlap=train_overlap, ranks=tuple((ranks or {}).items()),
                    train_samples=train_samples)
@@ -118,13 +118,13 @@ class Workflow:
 
     @classmethod
     def reasoning(cls, num_prompts: int, group_size: int, train_epochs: int = 1,
-                  ranks: Mapping[str, int] | None = None) -> Workflow:
+                  ranks: Mapping[str, int] | None = None) -> MacroFlow:
         return cls("reasoning", num_prompts=num_prompts, group_size=group_size, train_epochs=train_epochs,
                    ranks=tuple((ranks or {}).items()))
 
     @property
-    def spec(self) -> WorkflowKind:
-        return workflow_kind(self.kind)
+    def spec(self) -> FlowKind:
+        return flow_kind(self.kind)
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -132,13 +132,13 @@ class Workflow:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Workflow:
-        check_keys("Workflow", data, [f.name for f in fields(cls)], required=("kind",))
+    def from_dict(cls, data: Mapping[str, Any]) -> MacroFlow:
+        check_keys("MacroFlow", data, [f.name for f in fields(cls)], required=("kind",))
         return cls(**{**data, "ranks": tuple(dict(data.get("ranks") or {}).items())})
 
 
 @dataclass(frozen=True)
-class WorkflowKind:
+class FlowKind:
     """How one kind of workflow maps onto components, phases and tasks."""
 
     components: tuple[str, ...]
@@ -149,15 +149,15 @@ class WorkflowKind:
     hybrid_shared: tuple[str, ...]
     """Components that span all their eligible devices in hybrid mode (the others are disjoint)."""
     data_parallel: tuple[str, ...]
-    """Components whose ranks each own devices (see ``Workflow.ranks``)."""
-    validate: Callable[[Workflow], None]
-    chunk_total: Callable[[Workflow], int]
+    """Components whose ranks each own devices (see ``MacroFlow.ranks``)."""
+    validate: Callable[[MacroFlow], None]
+    chunk_total: Callable[[MacroFlow], int]
     """How many items the chunks partition (envs or prompts): the upper bound of ``num_chunks``."""
-    memory_items: Callable[[Workflow, int, int | None], dict[str, int]]
+    memory_items: Callable[[MacroFlow, int, int | None], dict[str, int]]
     """``(workflow, num_chunks, train_microbatch)`` -> items each component holds per call (all devices)."""
-    microbatch_candidates: Callable[[Workflow], tuple[int, ...]]
+    microbatch_candidates: Callable[[MacroFlow], tuple[int, ...]]
     """Actor micro-batch sizes worth trying, largest first."""
-    build: Callable[[Workflow, Plan, Profile], list[Task]]
+    build: Callable[[MacroFlow, Plan, Profile], list[Task]]
     """The work tasks (no context switches) of one iteration under a plan."""
     pool: tuple[str, ...] = ()
     """Components that float over one shared pool of CPU cores in ``shared`` mode, one worker
@@ -165,21 +165,21 @@ class WorkflowKind:
     workers); empty: the kind has no shared mode."""
 
 
-def workflow_kind(kind: str) -> WorkflowKind:
+def flow_kind(kind: str) -> FlowKind:
     try:
-        return WORKFLOW_KINDS[kind]
+        return FLOW_KINDS[kind]
     except KeyError:
-        raise ValueError(f"unknown workflow kind {kind!r}; known: {sorted(WORKFLOW_KINDS)}") from None
+        raise ValueError(f"unknown workflow kind {kind!r}; known: {sorted(FLOW_KINDS)}") from None
 
 
 # --------------------------------------------------------------------------------------- helpers
 
 
-def _require_positive(workflow: Workflow, names: tuple[str, ...], unused: tuple[str, ...]) -> None:
+def _require_positive(workflow: MacroFlow, names: tuple[str, ...], unused: tuple[str, ...]) -> None:
     for name in names:
         if getattr(workflow, name) < 1:
             raise ValueError(f"{workflow.kind} workflow needs {name} >= 1, got {getattr(workflow, name)}")
-    defaults = {f.name: f.default for f in fields(Workflow)}
+    defaults = {f.name: f.default for f in fields(MacroFlow)}
     for name in unused:
         if getattr(workflow, name) != defaults[name]:
             raise ValueError(f"{workflow.kind} workflow does not use {name}; leave it at {defaults[name]!r}")
@@ -209,7 +209,7 @@ def _weight_sync(plan: Plan, profile: Profile, after: str, phase: int, target: s
 # -------------------------------------------------------------------------------------- embodied
 
 
-def _embodied_validate(w: Workflow) -> None:
+def _embodied_validate(w: MacroFlow) -> None:
     _require_positive(w, ("num_envs", "rollout_steps"), ("num_prompts", "group_size"))
     if w.train_samples is not None and w.train_samples < 1:
         raise ValueError(f"train_samples must be >= 1, got {w.train_samples}")
@@ -217,7 +217,7 @@ def _embodied_validate(w: Workflow) -> None:
         raise ValueError(f"train_minibatch must lie in [1, samples ({w.samples})], got {w.train_minibatch}")
 
 
-def _embodied_memory_items(w: Workflow, num_chunks: int, microbatch: int | None) -> dict[str, int]:
+def _embodied_memory_items(w: MacroFlow, num_chunks: int, microbatch: int | None) -> dict[str, int]:
     largest_call = w.train_minibatch or w.samples  # calls never cross a minibatch
     return {
         "env": w.num_envs,  # every env's state stays resident, not only the running chunk
@@ -226,11 +226,11 @@ def _embodied_memory_items(w: Workflow, num_chunks: int, microbatch: int | None)
     }
 
 
-def _embodied_microbatches(w: Workflow) -> tuple[int, ...]:
+def _embodied_microbatches(w: MacroFlow) -> tuple[int, ...]:
     return _powers_of_two_below(w.train_minibatch or w.samples)
 
 
-def _embodied_build(w: Workflow, plan: Plan, profile: Profile) -> list[Task]:
+def _embodied_build(w: MacroFlow, plan: Plan, profile: Profile) -> list[Task]:
     env, rollout, trainer = profile["env"], profile["rollout"], profile["trainer"]
     env_devices, rollout_devices, trainer_devices = (plan.placement[c] for c in ("env", "rollout", "trainer"))
     sizes = chunk_sizes(w.num_envs, plan.num_chunks)
@@ -273,12 +273,12 @@ def _embodied_build(w: Workflow, plan: Plan, profile: Profile) -> list[Task]:
 # ------------------------------------------------------------------------------------- reasoning
 
 
-def _reasoning_validate(w: Workflow) -> None:
+def _reasoning_validate(w: MacroFlow) -> None:
     _require_positive(w, ("num_prompts", "group_size"), ("num_envs", "rollout_steps", "train_minibatch", "train_overlap",
                                                           "train_samples"))
 
 
-def _reasoning_memory_items(w: Workflow, num_chunks: int, microbatch: int | None) -> dict[str, int]:
+def _reasoning_memory_items(w: MacroFlow, num_chunks: int, microbatch: int | None) -> dict[str, int]:
     chunk_samples = max(chunk_sizes(w.num_prompts, num_chunks)) * w.group_size
     trainer = microbatch or w.num_prompts * w.group_size
     if w.train_epochs == 1:  # only the streamed epoch, whose calls never exceed a chunk
@@ -286,11 +286,11 @@ def _reasoning_memory_items(w: Workflow, num_chunks: int, microbatch: int | None
     return {"rollout": chunk_samples, "reward": chunk_samples, "trainer": trainer}
 
 
-def _reasoning_microbatches(w: Workflow) -> tuple[int, ...]:
+def _reasoning_microbatches(w: MacroFlow) -> tuple[int, ...]:
     return _powers_of_two_below(w.num_prompts * w.group_size, unit=w.group_size)
 
 
-def _reasoning_build(w: Workflow, plan: Plan, profile: Profile) -> list[Task]:
+def _reasoning_build(w: MacroFlow, plan: Plan, profile: Profile) -> list[Task]:
     rollout, reward, trainer = profile["rollout"], profile["reward"], profile["trainer"]
     rollout_devices, reward_devices, trainer_devices = (plan.placement[c] for c in ("rollout", "reward", "trainer"))
     group = w.group_size
@@ -318,8 +318,8 @@ def _reasoning_build(w: Workflow, plan: Plan, profile: Profile) -> list[Task]:
     return tasks + _weight_sync(plan, profile, after=last, phase=2)
 
 
-WORKFLOW_KINDS: dict[str, WorkflowKind] = {
-    "embodied": WorkflowKind(
+FLOW_KINDS: dict[str, FlowKind] = {
+    "embodied": FlowKind(
         components=("env", "rollout", "trainer"),
         phases={"env": 0, "rollout": 0, "trainer": 1},
         phase_names=("rollout", "train"),
@@ -332,7 +332,7 @@ WORKFLOW_KINDS: dict[str, WorkflowKind] = {
         build=_embodied_build,
         pool=("rollout", "env"),
     ),
-    "reasoning": WorkflowKind(
+    "reasoning": FlowKind(
         components=("rollout", "reward", "trainer"),
         phases={"rollout": 0, "reward": 0, "trainer": 1},
         phase_names=("generate", "train"),

@@ -35,7 +35,8 @@ from embodied.offload import Offloader
 from embodied.profiler import Probe, cache_key, hardware_fingerprint, load_cached, store_cached, time_call
 from embodied.runtime import Channel, Cluster, RankResources, Worker, WorkerGroup, WorkerTimeout, wait_all
 from envs.base import random_actions, to_numpy
-from envs.multiprocess import THREAD_ENV_VARS, MultiprocessVecEnv
+from embodied.threads import thread_env
+from envs.multiprocess import MultiprocessVecEnv
 from envs.registry import make_vec_env
 from embodied.algorithms import build_algorithm, build_optimizer
 from embodied.rl import TrajectoryBatch, is_text
@@ -43,7 +44,7 @@ from embodied.runtime.distributed import SINGLE, DataParallel
 from pipelines.collect import EnvOutput, TrajectoryRecorder, env_output, resolve_device, to_torch, with_instructions
 from pipelines.config import EmbodiedConfig
 from pipelines.layout import Machine, NodeSpec
-from pipelines.workers import Pinning, RolloutWorker
+from pipelines.onpolicy.workers import Pinning, RolloutWorker
 from pipelines.workflow import Layout, cpu_resources
 from policies.registry import build_policy
 from embodied.runtime.weights import WeightSyncer
@@ -57,7 +58,7 @@ from scheduler import (
     PlanResult,
     Profile,
     Resources,
-    Workflow,
+    MacroFlow,
     call_sizes,
     chunk_sizes,
     fit_cost_model,
@@ -77,7 +78,7 @@ def resources_of(cfg: EmbodiedConfig) -> Resources:
     return cpu_resources(cfg.cluster.num_cpus)
 
 
-def workflow_of(cfg: EmbodiedConfig, metrics: dict[str, Any] | None = None) -> Workflow:
+def macro_flow_of(cfg: EmbodiedConfig, metrics: dict[str, Any] | None = None) -> MacroFlow:
     """The macro flow as the planner sees it: every env takes ``algo.rollout_steps`` decisions and
     the trainer trains on all of them. With an iteration's ``metrics``, the iteration as it ran (see
     :func:`iteration_shape`): an episodic one that ended early took fewer decisions and trained on
@@ -85,7 +86,7 @@ def workflow_of(cfg: EmbodiedConfig, metrics: dict[str, Any] | None = None) -> W
     num_envs = cfg.env.num_envs * cfg.workers.env
     decisions, samples = iteration_shape(cfg, metrics) if metrics is not None else (None, None)
     trained = samples if samples is not None else num_envs * cfg.algo.rollout_steps
-    return Workflow.embodied(
+    return MacroFlow.embodied(
         num_envs=num_envs,
         rollout_steps=decisions if decisions is not None else cfg.algo.rollout_steps,
         train_epochs=cfg.algo.epochs,
@@ -149,7 +150,7 @@ def _setup_key(cfg: EmbodiedConfig, backend: str) -> dict[str, Any]:
         "env": {k: v for k, v in to_dict(dataclasses.replace(cfg.env, num_procs=0, worker_spin_us=0)).items()
                 if k not in ("nonfinite", "timeout_s", "start_timeout_s")},
         "policy": to_dict(cfg.policy),
-        "minibatch": workflow_of(cfg).train_minibatch,
+        "minibatch": macro_flow_of(cfg).train_minibatch,
         "backend": backend,
         "trainer": {"ranks": cfg.workers.trainer, "device": cfg.workers.trainer_device,
                     "probe_minibatches": trainer_probe_sizes(cfg)},
@@ -294,7 +295,7 @@ class Echo:
 
 class EnvReplay:
     """The env side of the rollout probe (Ray backend): sends recorded env outputs and takes the
-    actions back over the channels, as an :class:`~pipelines.workers.EnvWorker` does, without
+    actions back over the channels, as an :class:`~pipelines.onpolicy.workers.EnvWorker` does, without
     simulating; then takes the rollout's batch off its channel."""
 
     def replay(self, outputs: list[EnvOutput], steps: int, obs_channel: Channel, action_channel: Channel,
@@ -378,7 +379,7 @@ def probe_env(
 def env_probe_group(cfg: EmbodiedConfig, cluster: Cluster) -> WorkerGroup:
     """The :class:`EnvProbeWorker` of profiling on Ray, with the thread variables an env worker of
     the pipeline gets (a renderer's threads among them)."""
-    threads = {k: str(cfg.workers.rollout_threads) for k in THREAD_ENV_VARS}
+    threads = thread_env(cfg.workers.rollout_threads)
     return WorkerGroup(cluster, EnvProbeWorker, 1, cfg, name="profile-env", resources=RankResources(0.01, env_vars=threads))
 
 
@@ -413,7 +414,7 @@ def rollout_probe_decisions(cfg: EmbodiedConfig) -> int:
     :data:`ROLLOUT_PROBE_DECISIONS`). A pass's seconds per call average its T decisions and the
     bootstrap call after them (values only, cheaper than a decision), as the iteration's T + 1
     calls do; a shorter pass would weigh the cheap call more than the pipeline does."""
-    return max(1, min(workflow_of(cfg).rollout_steps, ROLLOUT_PROBE_DECISIONS))
+    return max(1, min(macro_flow_of(cfg).rollout_steps, ROLLOUT_PROBE_DECISIONS))
 
 
 def _tile_rows(x: Any, size: int) -> Any:
@@ -489,7 +490,7 @@ def _probe_rollout(cfg: EmbodiedConfig, policy, outputs: list[EnvOutput], action
 
 
 class ProbeRolloutWorker(RolloutWorker, Echo):
-    """The rollout probe's :class:`~pipelines.workers.RolloutWorker`, which also bounces the
+    """The rollout probe's :class:`~pipelines.onpolicy.workers.RolloutWorker`, which also bounces the
     message probe's messages (:class:`Echo`) back to the env probe's worker."""
 
 
@@ -503,7 +504,7 @@ def rollout_probe_group(cfg: EmbodiedConfig, cluster: Cluster, obs_space: Any, a
 
 def _probe_rollout_in_a_worker(cfg: EmbodiedConfig, rollout: WorkerGroup, replay: WorkerGroup, policy,
                                outputs: list[EnvOutput], cores: int, log) -> Probe:
-    """:func:`_probe_rollout` as the pipeline pays it: a real :class:`~pipelines.workers.RolloutWorker`
+    """:func:`_probe_rollout` as the pipeline pays it: a real :class:`~pipelines.onpolicy.workers.RolloutWorker`
     (``rollout``) in a worker process of its own, fed the env probe's outputs over the channels by
     the env probe's worker (``replay``, :class:`EnvReplay`); a call costs what the worker's
     ``infer_s`` counts (deserialized inputs, the sampling stream, recording, sending the actions).
@@ -554,7 +555,7 @@ EPISODIC_PROBE_SHARE = 1 / 16
 def trainer_probe_sizes(cfg: EmbodiedConfig) -> list[int]:
     """The minibatch sizes the trainer probe times: the configured one and half of it, and for an
     episodic algorithm :data:`EPISODIC_PROBE_SHARE` of it (at least one sample per rank each)."""
-    mb, ranks = workflow_of(cfg).train_minibatch, cfg.workers.trainer
+    mb, ranks = macro_flow_of(cfg).train_minibatch, cfg.workers.trainer
     sizes = {mb, max(ranks, mb // 2)}
     if build_algorithm(cfg.algo).grouped:
         sizes.add(max(ranks, int(mb * EPISODIC_PROBE_SHARE)))
@@ -799,7 +800,7 @@ def plan_embodied(cfg: EmbodiedConfig, profile: Profile, resources: Resources | 
     if any(d.kind == "gpu" for d in resources.devices):
         profile = with_device_kinds(cfg, profile)
     result = plan(
-        workflow_of(cfg),
+        macro_flow_of(cfg),
         profile,
         resources,
         max_chunks=min(cfg.plan.max_chunks, cfg.env.num_envs),
@@ -845,10 +846,10 @@ def prefer_simple(result: PlanResult, margin: float = SIMPLICITY_MARGIN) -> Plan
 
 def shared_wall_s(profile: Profile, layout: Layout, cfg: EmbodiedConfig, metrics: dict[str, Any] | None = None) -> dict[str, float]:
     """A shared plan's predicted wall seconds of every env and rollout call in one iteration (of
-    the shape ``metrics`` describe, see :func:`workflow_of`), per component (the simulation's
+    the shape ``metrics`` describe, see :func:`macro_flow_of`), per component (the simulation's
     spans: a call slowed down while more threads than cores run in the pool takes longer than its
     profiled cost, as it does when measured)."""
-    timeline = simulate(layout.plan, profile, workflow_of(cfg, metrics), resources_of(cfg))
+    timeline = simulate(layout.plan, profile, macro_flow_of(cfg, metrics), resources_of(cfg))
     calls = {s.label: (s.component, s.end_s - s.start_s) for s in timeline.spans if s.kind == "work"}
     walls: dict[str, float] = {}
     for component, seconds in calls.values():
@@ -862,7 +863,7 @@ def measured_factors(profile: Profile, layout: Layout, cfg: EmbodiedConfig, metr
     pool's cores shared, :func:`shared_wall_s`), not with their cost alone. The metrics are the
     mean over ranks (a streams plan's ranks each make one stream's calls). Calls are counted as the
     iteration made them (an episodic iteration that ended early made fewer)."""
-    workflow = workflow_of(cfg, metrics)
+    workflow = macro_flow_of(cfg, metrics)
     T, k = workflow.rollout_steps, layout.num_chunks
     chunk = math.ceil(workflow.num_envs / k)
     devices = {name: len(placed) for name, placed in layout.plan.placement.items()}
