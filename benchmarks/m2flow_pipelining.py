@@ -30,7 +30,8 @@ from embodied.timeline_plot import plot_timelines
 from benchmarks.common import RESULTS, command_of, write_result
 from pipelines.config import EmbodiedConfig
 from pipelines.onpolicy.workflow import EmbodiedWorkflow
-from pipelines.probes import plan_embodied, profile_embodied, resources_of, macro_flow_of
+from pipelines.onpolicy.planning import macro_flow_of, plan_embodied, resources_of
+from pipelines.probes import profile_embodied
 from pipelines.runner import Runner
 from pipelines.recipes import load_recipe
 from pipelines.replan import rescale

@@ -71,7 +71,8 @@ from pipelines.calibrate import (
     relative_standard_error,
 )
 from pipelines.onpolicy.workflow import EmbodiedWorkflow
-from pipelines.probes import plan_embodied, profile_embodied, resources_of, macro_flow_of
+from pipelines.onpolicy.planning import macro_flow_of, plan_embodied, resources_of
+from pipelines.probes import profile_embodied
 from pipelines.replan import rescale
 from pipelines.recipes import load_recipe
 from pipelines.runner import Runner

@@ -31,15 +31,8 @@ from pipelines.collect import resolve_device
 from pipelines.config import EmbodiedConfig
 from pipelines.evaluate import evaluate_policy
 from pipelines.layout import Machine, RankPlacement
-from pipelines.probes import (
-    MIN_THREAD_SCALING,
-    machine_of,
-    measured_factors,
-    plan_embodied,
-    profile_embodied,
-    trainer_micro_batch,
-    macro_flow_of,
-)
+from pipelines.onpolicy.planning import macro_flow_of, machine_of, measured_factors, plan_embodied, trainer_micro_batch
+from pipelines.probes import MIN_THREAD_SCALING, profile_embodied
 from pipelines.preflight import preflight
 from pipelines.onpolicy.workers import BlockRoute, EnvWorker, Pinning, RolloutWorker, StreamWorker, TrainerWorker
 from pipelines.workflow import WORKFLOWS, Layout, Workflow, WorkflowSpec

@@ -40,7 +40,8 @@ from embodied.config import to_dict
 from embodied.profiler import Probe, cache_key, load_cached
 from embodied.runtime import Channel, Cluster, wait_all
 from embodied.seeding import RngStream
-from pipelines.probes import Echo, fit_threads, prefer_simple, probe_transfer, store_profile
+from pipelines.onpolicy.planning import prefer_simple
+from pipelines.probes import Echo, fit_threads, probe_transfer, store_profile
 from pipelines.reasoning.config import ReasoningConfig
 from pipelines.reasoning.data import PromptRecord
 from pipelines.reasoning.prompts import PromptReader, chunk_prompts
@@ -350,4 +351,3 @@ def _sample_mib(chunk: GeneratedChunk) -> float:
     arrays = (chunk.prompt_ids, chunk.prompt_mask, chunk.response_ids, chunk.logprobs, chunk.response_mask)
     text = sum(len(t.encode()) for t in chunk.texts)
     return (sum(a.nbytes for a in arrays) + text) / len(chunk) / MIB
-

@@ -9,7 +9,7 @@ from embodied.profiler import load_cached, store_cached
 from pipelines.config import EmbodiedConfig
 from pipelines.onpolicy.workflow import EmbodiedWorkflow
 from pipelines.learn import CostLearner, describe_provenance, learned_runs, refine
-from pipelines.probes import plan_embodied
+from pipelines.onpolicy.planning import plan_embodied
 from pipelines.workflow import Layout
 from scheduler import ComponentProfile, CostModel, Plan, Profile, Resources
 

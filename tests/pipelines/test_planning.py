@@ -13,17 +13,8 @@ from embodied.runtime import Cluster, ClusterConfig
 from pipelines.config import EmbodiedConfig
 from pipelines.onpolicy.workflow import EmbodiedWorkflow
 from embodied.profiler import Probe
-from pipelines.probes import (
-    MIN_THREAD_SCALING,
-    fit_threads,
-    machine_of,
-    measured_factors,
-    prefer_simple,
-    profile_embodied,
-    runnable_modes,
-    shared_wall_s,
-    macro_flow_of,
-)
+from pipelines.onpolicy.planning import machine_of, macro_flow_of, measured_factors, prefer_simple, runnable_modes, shared_wall_s
+from pipelines.probes import MIN_THREAD_SCALING, fit_threads, profile_embodied
 from pipelines.replan import rescale
 from pipelines.workflow import Layout
 from scheduler import ComponentProfile, CostModel, Plan, PlanResult, Profile, Resources, Timeline
@@ -203,7 +194,7 @@ def test_on_ray_the_rollout_is_probed_in_a_rollout_worker_fed_over_channels(tmp_
     replaying env-side worker, at every chunk size and thread count, and leaves no actor behind."""
     import ray
 
-    from pipelines.probes import resources_of
+    from pipelines.onpolicy.planning import resources_of
 
     monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path))
     logs: list[str] = []
@@ -224,7 +215,7 @@ def test_trainer_probe_times_the_trainers_own_update(tmp_path, monkeypatch, algo
     trainer runs: advantages, minibatch gathers, clipping, stats), on (minibatches, minibatch
     size) batches of the configured size and half of it, one epoch, divided per minibatch; for an
     episodic algorithm (GRPO) also of a sixteenth of it, where a step's fixed cost shows."""
-    import pipelines.probes as planning
+    import pipelines.probes as probes
     from embodied.algorithms.base import Algorithm
 
     calls: list[tuple[str, tuple[int, ...], int, int]] = []
@@ -240,7 +231,7 @@ def test_trainer_probe_times_the_trainers_own_update(tmp_path, monkeypatch, algo
     cfg = _cfg("algo.num_minibatches=4", *extra)  # 8 envs x 16 steps -> minibatches of 32
     with Cluster(ClusterConfig(backend="local")) as cluster:
         prof = profile_embodied(cfg, cluster, log=lambda *_: None)
-    m = planning.TRAINER_PROBE_MINIBATCHES
+    m = probes.TRAINER_PROBE_MINIBATCHES
     sizes = {32, 16, 2} if algo == "grpo" else {32, 16}
     assert {shape for _, shape, _, _ in calls} == {(m, b) for b in sizes}
     assert {(name, epochs, mbs) for name, _, epochs, mbs in calls} == {(algo, 1, m)}
@@ -250,10 +241,10 @@ def test_trainer_probe_times_the_trainers_own_update(tmp_path, monkeypatch, algo
 def test_env_probe_lets_the_policy_infer_between_timed_steps(tmp_path, monkeypatch):
     """As in the pipeline, each probed env step is followed by the policy's inference on its
     observation (untimed), so env processes are timed waking from the idle the rollout leaves."""
-    import pipelines.probes as planning
+    import pipelines.probes as probes
 
     acts: list[int] = []
-    real_build = planning.build_policy
+    real_build = probes.build_policy
 
     def counting_build(*args, **kwargs):
         policy = real_build(*args, **kwargs)
@@ -266,9 +257,9 @@ def test_env_probe_lets_the_policy_infer_between_timed_steps(tmp_path, monkeypat
         policy.act = counted
         return policy
 
-    monkeypatch.setattr(planning, "build_policy", counting_build)
-    probe, *_ = planning.probe_env(_cfg(), cores=1, log=lambda *_: None)
-    per_shape = planning.ENV_PROBE_WARMUP + planning.ENV_PROBE_REPEATS
+    monkeypatch.setattr(probes, "build_policy", counting_build)
+    probe, *_ = probes.probe_env(_cfg(), cores=1, log=lambda *_: None)
+    per_shape = probes.ENV_PROBE_WARMUP + probes.ENV_PROBE_REPEATS
     sizes = [b for b, _, _ in probe.samples]
     assert sorted(sizes) == [2, 4, 8]
     assert sorted(acts) == sorted(b for b in sizes for _ in range(per_shape))  # one inference per step, on its batch
@@ -300,10 +291,10 @@ def test_env_probe_pins_each_shape_to_the_cores_it_prices(monkeypatch):
     """A worker placed on one core runs its simulator's helper threads on that core: each
     one-core shape is stepped pinned to one core, the all-cores shape (one process here) to two,
     and the probe's process gets its cores back afterwards."""
-    import pipelines.probes as planning
+    import pipelines.probes as probes
 
     seen: list[tuple[int, int]] = []
-    real_make = planning.make_vec_env
+    real_make = probes.make_vec_env
 
     def recording_make(env_cfg, seed=None):
         env = real_make(env_cfg, seed=seed)
@@ -316,9 +307,9 @@ def test_env_probe_pins_each_shape_to_the_cores_it_prices(monkeypatch):
         env.step = pinned_step
         return env
 
-    monkeypatch.setattr(planning, "make_vec_env", recording_make)
+    monkeypatch.setattr(probes, "make_vec_env", recording_make)
     before = os.sched_getaffinity(0)
-    probe, *_ = planning.probe_env(_cfg(), cores=2, log=lambda *_: None)
+    probe, *_ = probes.probe_env(_cfg(), cores=2, log=lambda *_: None)
     assert [(b, devices) for b, devices, _ in probe.samples] == [(2, 1), (4, 1), (8, 1), (8, 2)]
     assert sorted(set(seen)) == [(2, 1), (4, 1), (8, 1), (8, 2)]
     assert os.sched_getaffinity(0) == before
