@@ -1,22 +1,11 @@
-"""Rule-based rewards for reasoning RL: answer verifiers, a data_source dispatch, and reward options.
+"""Rule-based rewards for reasoning RL: the verifier registry, a data_source dispatch, reward options.
 
 Verifiers (registry :data:`VERIFIERS`; each maps ``(response, ground_truth)`` to
-``(correct, extracted prediction or None)``):
-
-* ``exact``: the whole response against the gold after numeric normalisation (whitespace, a leading
-  ``+``, thousands separators, trailing decimal zeros such as ``12.0``). Leading zeros are kept:
-  ``"007" != "7"``, so digit-string answers (reversed sums) compare exactly.
-* ``gsm8k``: veRL's GSM8K rule on the last 300 characters: ``strict`` takes the last ``#### N``,
-  ``flexible`` the last number; commas and ``$`` dropped; string equality with the gold (whose own
-  ``#### `` prefix and commas are dropped too).
-* ``boxed``: the last ``\\boxed{...}`` / ``\\fbox{...}`` (brace-matched) against the gold (itself boxed
-  or bare), both normalised Hendrycks-style (:func:`strip_string`: ``\\dfrac``/``\\tfrac``,
-  ``\\frac12``, ``a/b``, ``0.5``/``.5``, units in ``\\text{ }``, ``\\left``/``\\right``, degrees,
-  percent, ``x = ``, spaces).
-* ``math_verify``: Hugging Face's math-verify (optional, ``pip install math-verify==0.9.0``), run in
-  a spawned worker process with its own wall-clock timeout: math-verify's ``signal.alarm`` timeouts
-  raise outside a process's main thread (Ray actors, thread pools), which other frameworks turned
-  into silent all-zero scores. No process exists until the first call.
+``(correct, extracted prediction or None)``): ``exact``, ``gsm8k`` and ``boxed`` are the pure rules
+of :mod:`pipelines.reasoning.answer_rules`; ``math_verify`` is Hugging Face's math-verify in a
+spawned worker process (:mod:`pipelines.reasoning.math_verifier`: its ``signal.alarm`` limits need
+whole seconds and a main thread, which other frameworks turned into silent all-zero scores). No
+process exists until the first call.
 
 :class:`RewardFunction` turns responses into ``{score, acc, pred}`` (:class:`VerifierResult`) with
 the verifier picked per sample from ``data_source`` (``auto``; :data:`DATA_SOURCE_VERIFIERS`, as
@@ -31,340 +20,39 @@ from __future__ import annotations
 
 import fnmatch
 import importlib
-import importlib.util
-import multiprocessing
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from embodied.errors import UserError
 from embodied.registry import Registry
+from pipelines.reasoning.answer_rules import (
+    UnparsableGold,
+    Verifier,
+    extract_gsm8k,
+    gsm8k_gold,
+    last_boxed,
+    make_gsm8k,
+    normalize_number,
+    strip_string,
+    verify_boxed,
+    verify_exact,
+)
+from pipelines.reasoning.math_verifier import (
+    MATH_VERIFY_INSTALL,
+    MathVerifyVerifier,
+    SpawnedFunction,
+    VerifierTimeout,
+    alarm_seconds,
+    math_verify_check,
+)
 
-#: ``(response, ground_truth) -> (correct, prediction or None when nothing could be extracted)``.
-Verifier = Callable[[str, str], tuple[bool, "str | None"]]
-
-
-class UnparsableGold(ValueError):
-    """The ground truth itself cannot be normalised: a data problem, counted apart from the model's."""
-
-
-class VerifierTimeout(RuntimeError):
-    """A verifier ran past its wall-clock limit."""
-
-
-# -- exact -------------------------------------------------------------------------------------------
-
-_GROUPED = re.compile(r"-?\d{1,3}(,\d{3})+(\.\d+)?")  # 1,234 or 12,345.5
-_DECIMAL = re.compile(r"-?\d*\.\d*")
-
-
-def normalize_number(text: str) -> str:
-    """Canonical text of a numeric answer; other text comes back with whitespace removed.
-
-    ``" +1,234.50 "`` -> ``"1234.5"``; ``"12.0"`` -> ``"12"``; ``"-0"`` -> ``"0"``; leading zeros are
-    kept (``"007"`` stays ``"007"``).
-    """
-    s = re.sub(r"\s+", "", text)
-    if s.startswith("+"):
-        s = s[1:]
-    if _GROUPED.fullmatch(s):
-        s = s.replace(",", "")
-    if _DECIMAL.fullmatch(s) and any(c.isdigit() for c in s):
-        s = s.rstrip("0").rstrip(".") if "." in s else s
-        if s in ("", "-"):
-            s = "0"
-        if s.startswith("."):
-            s = "0" + s
-        if s.startswith("-."):
-            s = "-0" + s[1:]
-    if s == "-0":
-        s = "0"
-    return s
-
-
-def verify_exact(response: str, ground_truth: str) -> tuple[bool, str | None]:
-    """The whole response, normalised, equals the normalised gold."""
-    gold = normalize_number(ground_truth)
-    if not gold:
-        raise UnparsableGold(f"ground truth {ground_truth!r} is empty")
-    pred = normalize_number(response)
-    if not pred:
-        return False, None
-    return pred == gold, pred
-
-
-# -- gsm8k -------------------------------------------------------------------------------------------
-
-GSM8K_CLIP_CHARS = 300  # veRL searches only the response's tail: long outputs are slow to regex
-_GSM8K_STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
-_GSM8K_FLEXIBLE = re.compile(r"(\-?[0-9\.\,]+)")
-_GSM8K_GOLD = re.compile(r"-?[0-9]+(\.[0-9]+)?")
-
-
-def gsm8k_gold(ground_truth: str) -> str:
-    """``"#### 1,234"`` or ``"1,234"`` -> ``"1234"``; UnparsableGold when no number remains."""
-    text = ground_truth.split("####")[-1].strip().replace(",", "").replace("$", "")
-    if not _GSM8K_GOLD.fullmatch(text):
-        raise UnparsableGold(f"GSM8K ground truth {ground_truth!r} is not a number")
-    return text
-
-
-def extract_gsm8k(response: str, method: Literal["strict", "flexible"] = "strict") -> str | None:
-    """The answer of a GSM8K-style response (veRL's rule), or None."""
-    tail = response[-GSM8K_CLIP_CHARS:]
-    if method == "strict":
-        found = _GSM8K_STRICT.findall(tail)
-        return found[-1].replace(",", "").replace("$", "") if found else None
-    for candidate in reversed(_GSM8K_FLEXIBLE.findall(tail)):
-        if candidate not in ("", "."):
-            return candidate.replace(",", "").replace("$", "")
-    return None
-
-
-def make_gsm8k(method: Literal["strict", "flexible"]) -> Verifier:
-    def verify_gsm8k(response: str, ground_truth: str) -> tuple[bool, str | None]:
-        gold = gsm8k_gold(ground_truth)
-        pred = extract_gsm8k(response, method)
-        return (pred == gold if pred is not None else False), pred
-
-    return verify_gsm8k
-
-
-# -- boxed -------------------------------------------------------------------------------------------
-
-
-def last_boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (braces matched), of ``\\boxed x``
-    (up to a ``$``), or None when there is none or its braces do not close."""
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
-        return None
-    rest = text[start:]
-    command = "\\boxed" if rest.startswith("\\boxed") else "\\fbox"
-    after = rest[len(command):]
-    if after.startswith(" "):  # "\boxed 5$": the argument runs to the next dollar sign
-        return after[1:].split("$")[0].strip()
-    if not after.startswith("{"):
-        return None
-    depth = 0
-    for i, char in enumerate(after):
-        if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                return after[1:i]
-    return None
-
-
-def _fix_fracs(s: str) -> str:
-    """``\\frac12`` -> ``\\frac{1}{2}``, ``\\frac1{2}`` -> ``\\frac{1}{2}``, ``\\frac{1}2`` -> ``\\frac{1}{2}``."""
-    head, *parts = s.split("\\frac")
-    out = head
-    for part in parts:
-        out += "\\frac"
-        if part.startswith("{"):
-            closing = _closing_brace(part)
-            if closing is None or closing + 1 >= len(part) or part[closing + 1] == "{":
-                out += part
-            else:  # "{1}2..." -> "{1}{2}..."
-                out += part[: closing + 1] + "{" + part[closing + 1] + "}" + part[closing + 2:]
-            continue
-        if len(part) < 2:
-            return s  # "\frac1" alone: leave the text as it was
-        numerator, rest = part[0], part[1:]
-        if rest.startswith("{"):
-            out += "{" + numerator + "}" + rest
-        else:
-            out += "{" + numerator + "}{" + rest[0] + "}" + rest[1:]
-    return out
-
-
-def _closing_brace(s: str) -> int | None:
-    depth = 0
-    for i, char in enumerate(s):
-        depth += char == "{"
-        depth -= char == "}"
-        if depth == 0:
-            return i
-    return None
-
-
-def _fix_a_slash_b(s: str) -> str:
-    """``"3/4"`` -> ``"\\frac{3}{4}"`` when both sides are integers."""
-    match = re.fullmatch(r"(-?\d+)/(\d+)", s)
-    return f"\\frac{{{match.group(1)}}}{{{match.group(2)}}}" if match else s
-
-
-def _fix_sqrt(s: str) -> str:
-    """``\\sqrt3`` -> ``\\sqrt{3}`` (one character argument)."""
-    return re.sub(r"\\sqrt([^{\s\\])", r"\\sqrt{\1}", s)
-
-
-def strip_string(text: str) -> str:
-    """Hendrycks-style normalisation of a LaTeX answer (the MATH benchmark's ``is_equiv``)."""
-    s = text.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
-    s = s.replace("tfrac", "frac").replace("dfrac", "frac")
-    s = s.replace("\\left", "").replace("\\right", "")
-    s = s.replace("^{\\circ}", "").replace("^\\circ", "")
-    s = s.replace("\\$", "").replace("$", "")
-    if "\\text{ " in s:  # "5 \text{ cm}": drop units written after a spaced \text{
-        s = s.split("\\text{ ")[0]
-    s = s.replace("\\%", "").replace("%", "")
-    s = s.replace(" .", " 0.").replace("{.", "{0.")
-    if not s:
-        return s
-    if s.startswith("."):
-        s = "0" + s
-    sides = s.split("=")
-    if len(sides) == 2 and len(sides[0].strip()) <= 2:  # "x = 5", "k=5"
-        s = sides[1]
-    s = _fix_sqrt(s)
-    s = s.replace(" ", "")
-    s = _fix_fracs(s)
-    if s == "0.5":
-        s = "\\frac{1}{2}"
-    return _fix_a_slash_b(s)
-
-
-def verify_boxed(response: str, ground_truth: str) -> tuple[bool, str | None]:
-    """Last boxed answer of the response, normalised, equals the normalised (boxed or bare) gold."""
-    gold_text = last_boxed(ground_truth) if ("\\boxed" in ground_truth or "\\fbox" in ground_truth) else ground_truth
-    gold = strip_string(gold_text) if gold_text is not None else ""
-    if not gold:
-        raise UnparsableGold(f"ground truth {ground_truth!r} has no answer after normalisation")
-    boxed = last_boxed(response)
-    if boxed is None:
-        return False, None
-    pred = strip_string(boxed)
-    return pred == gold, pred
-
-
-# -- math_verify in a spawned process -----------------------------------------------------------------
-
-
-class SpawnedFunction:
-    """Calls ``module:function`` in a spawned child process, one call at a time, with a wall-clock
-    timeout per call. The child starts on the first call; a call that times out kills it (the next
-    call starts a fresh one). Exceptions in the child come back as the same-named error here:
-    :class:`UnparsableGold`, else RuntimeError with the child's message.
-
-    Signal-based timeouts inside the function work: the function runs in the child's main thread.
-    """
-
-    def __init__(self, target: str, timeout_s: float, startup_timeout_s: float = 120.0) -> None:
-        self.target = target
-        self.timeout_s = timeout_s
-        self.startup_timeout_s = startup_timeout_s
-        self.restarts = 0
-        self._process: Any = None
-        self._conn: Any = None
-        self._fresh = False
-
-    def __call__(self, *args: Any) -> Any:
-        if self._process is None or not self._process.is_alive():
-            self._start()
-        limit = self.timeout_s + (self.startup_timeout_s if self._fresh else 0.0)
-        self._fresh = False
-        self._conn.send(args)
-        if not self._conn.poll(limit):
-            self.close()
-            raise VerifierTimeout(f"{self.target} took longer than {limit:g} s; its process was killed")
-        try:
-            status, value = self._conn.recv()
-        except EOFError:
-            self.close()
-            raise RuntimeError(f"{self.target}: the worker process died") from None
-        if status == "ok":
-            return value
-        kind, message = value
-        if kind == UnparsableGold.__name__:
-            raise UnparsableGold(message)
-        if kind == "UserError":
-            raise UserError(message)
-        raise RuntimeError(f"{self.target} raised {kind}: {message}")
-
-    def _start(self) -> None:
-        self.close()
-        context = multiprocessing.get_context("spawn")
-        parent, child = context.Pipe()
-        self._process = context.Process(target=_serve, args=(child, self.target), daemon=True, name="verifier")
-        self._process.start()
-        child.close()
-        self._conn = parent
-        self._fresh = True
-        self.restarts += 1
-
-    def close(self) -> None:
-        """Stop the child process (if any)."""
-        if self._process is not None:
-            if self._process.is_alive():
-                self._process.kill()
-            self._process.join(timeout=10)
-            self._process = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-
-def _serve(conn: Any, target: str) -> None:
-    """The child's loop: receive argument tuples, send back ("ok", result) or ("error", (type, msg))."""
-    module_name, _, name = target.partition(":")
-    try:
-        function = getattr(importlib.import_module(module_name), name)
-    except Exception as err:  # reported on the first call
-        function, startup_error = None, (type(err).__name__, f"cannot load {target}: {err}")
-    while True:
-        try:
-            args = conn.recv()
-        except (EOFError, OSError):
-            return
-        if function is None:
-            conn.send(("error", startup_error))
-            continue
-        try:
-            conn.send(("ok", function(*args)))
-        except Exception as err:
-            conn.send(("error", (type(err).__name__, str(err))))
-
-
-MATH_VERIFY_INSTALL = "pip install 'embodied[math-verify]' (or: pip install math-verify==0.9.0)"
-
-
-def math_verify_check(response: str, ground_truth: str, timeout_s: float) -> tuple[bool, str | None]:
-    """math-verify's parse + verify (runs in the worker process; its timeouts use signal.alarm)."""
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
-
-    gold_text = ground_truth if ("\\boxed" in ground_truth or "$" in ground_truth) else "\\boxed{" + ground_truth + "}"
-    gold = parse(gold_text, extraction_config=[LatexExtractionConfig()], parsing_timeout=timeout_s)
-    if not gold:
-        raise UnparsableGold(f"math-verify cannot parse the ground truth {ground_truth!r}")
-    pred = parse(
-        response, extraction_config=[ExprExtractionConfig(), LatexExtractionConfig()], parsing_timeout=timeout_s
-    )
-    if not pred:
-        return False, None
-    correct = bool(verify(gold, pred, timeout_seconds=timeout_s))
-    return correct, str(pred[-1])
-
-
-class MathVerifyVerifier:
-    """``math_verify`` through :class:`SpawnedFunction` (safe from any thread)."""
-
-    def __init__(self, timeout_s: float) -> None:
-        if importlib.util.find_spec("math_verify") is None:
-            raise UserError(f"reward verifier 'math_verify' needs the math-verify package: {MATH_VERIFY_INSTALL}.")
-        self.timeout_s = timeout_s
-        # The child's own limit is timeout_s per parse/verify; the parent's wall clock allows both.
-        self._call = SpawnedFunction(f"{__name__}:math_verify_check", timeout_s=3 * timeout_s + 5)
-
-    def __call__(self, response: str, ground_truth: str) -> tuple[bool, str | None]:
-        return self._call(response, ground_truth, self.timeout_s)
-
-    def close(self) -> None:
-        self._call.close()
-
+__all__ = [
+    "DATA_SOURCE_VERIFIERS", "MATH_VERIFY_INSTALL", "VERIFIERS", "MathVerifyVerifier", "RewardBatch", "RewardConfig",
+    "RewardFunction", "SpawnedFunction", "UnparsableGold", "Verifier", "VerifierResult", "VerifierTimeout",
+    "alarm_seconds", "custom_verifier", "extract_gsm8k", "gsm8k_gold", "last_boxed", "make_gsm8k",
+    "math_verify_check", "normalize_number", "strip_string", "verifier_name_for", "verify_boxed", "verify_exact",
+]
 
 # -- registries ------------------------------------------------------------------------------------------
 
@@ -391,7 +79,8 @@ class RewardConfig:
     overlong_penalty_factor: float = 1.0
     """Penalty at L_max (linear from 0 at L_max - buffer)."""
     timeout_s: float = 5.0
-    """Per-answer limit of the math_verify verifier (its parse and its verify each)."""
+    """Per-answer limit of the math_verify verifier (its parse and its verify each), in seconds;
+    math-verify's ``signal.alarm`` takes whole seconds, so it is rounded up (at least 1)."""
 
     def validate(self) -> None:
         if self.overlong_buffer_len < 0 or self.max_response_length < 0:
@@ -410,7 +99,7 @@ VERIFIERS: Registry[Callable[[RewardConfig], Verifier]] = Registry("verifier")
 VERIFIERS.add("exact", lambda cfg: verify_exact, "Whole response vs gold after numeric normalisation.")
 VERIFIERS.add("gsm8k", lambda cfg: make_gsm8k(cfg.gsm8k_method), "veRL's GSM8K '#### N' rule (strict/flexible).")
 VERIFIERS.add("boxed", lambda cfg: verify_boxed, "Last \\boxed{} vs gold, Hendrycks-normalised.")
-VERIFIERS.add("math_verify", lambda cfg: MathVerifyVerifier(cfg.timeout_s), "math-verify (optional) in a worker process.")
+VERIFIERS.add("math_verify", lambda cfg: MathVerifyVerifier(cfg.timeout_s), "math-verify in a worker process (LaTeX and expressions, symbolic).")
 
 #: ``data_source`` patterns (fnmatch, case-insensitive), first match wins -> verifier name.
 DATA_SOURCE_VERIFIERS: list[tuple[str, str]] = [

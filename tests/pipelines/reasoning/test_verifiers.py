@@ -8,7 +8,9 @@ import time
 
 import pytest
 
+from embodied.config import apply_overrides
 from embodied.errors import UserError
+from pipelines.reasoning.config import ReasoningConfig
 from pipelines.reasoning.verifiers import (
     MATH_VERIFY_INSTALL,
     RewardConfig,
@@ -16,15 +18,18 @@ from pipelines.reasoning.verifiers import (
     SpawnedFunction,
     UnparsableGold,
     VerifierTimeout,
+    alarm_seconds,
     extract_gsm8k,
     last_boxed,
     make_gsm8k,
+    math_verify_check,
     normalize_number,
     strip_string,
     verifier_name_for,
     verify_boxed,
     verify_exact,
 )
+from pipelines.recipes import load_recipe
 
 # -- exact -------------------------------------------------------------------------------------------------
 
@@ -295,14 +300,56 @@ def test_spawned_function_times_out_restarts_and_reports_errors() -> None:
         missing.close()
 
 
-def test_math_verify_absent_user_error() -> None:
+def test_math_verify_absent_user_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
-    if importlib.util.find_spec("math_verify") is not None:
-        pytest.skip("math-verify is installed")
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "math_verify" else find_spec(name, *a))
     with pytest.raises(UserError) as err:
         RewardFunction(RewardConfig(verifier="math_verify"))(["\\boxed{1}"], ["1"], ["x"])
     assert MATH_VERIFY_INSTALL in str(err.value)
+
+
+def test_alarm_seconds_are_whole_and_at_least_one() -> None:
+    assert [alarm_seconds(t) for t in (5.0, 5, 0.2, 2.5)] == [5, 5, 1, 3]
+    assert all(type(alarm_seconds(t)) is int for t in (5.0, 0.2))
+    with pytest.raises(ValueError, match="timeout_s"):
+        alarm_seconds(0.0)
+
+
+def test_math_verify_in_a_configured_run_scores_latex_answers() -> None:
+    """The reward a run builds from its config (``reward.timeout_s=5`` arrives as the float 5.0),
+    called from a worker thread as the local backend calls it."""
+    pytest.importorskip("math_verify")
+    _, data = load_recipe("reasoning_grpo")
+    cfg = apply_overrides(ReasoningConfig, data, ["reward.verifier=math_verify", "reward.timeout_s=5"])
+    assert cfg.reward.timeout_s == 5.0 and isinstance(cfg.reward.timeout_s, float)
+    reward = RewardFunction(cfg.reward)
+    try:
+        responses = ["\\frac{1}{2}", "so the answer is $\\boxed{42}$", "\\boxed{41}", "0.5", "x = \\boxed{\\sqrt{4}}"]
+        golds = ["0.5", "42", "42", "\\frac{1}{2}", "2"]
+        results = []
+        thread = threading.Thread(target=lambda: results.append(reward(responses, golds, ["math"] * 5)))
+        thread.start()
+        thread.join(120)
+        batch = results[0]
+        assert batch.errors == []
+        assert [r.acc for r in batch.results] == [True, True, False, True, True]
+        assert batch.metrics["reward/gold_errors"] == 0.0 and batch.metrics["reward/verifier_errors"] == 0.0
+    finally:
+        reward.close()
+
+
+def test_math_verify_check_runs_in_a_thread_without_an_alarm() -> None:
+    """Called in-process from a thread (no spawned process), the check still verifies: it passes no
+    alarm there, where math-verify's signal.alarm would fail and parse nothing."""
+    pytest.importorskip("math_verify")
+    out: list[tuple[bool, str | None]] = []
+    thread = threading.Thread(target=lambda: out.append(math_verify_check("$\\boxed{\\frac{1}{2}}$", "0.5", 5.0)))
+    thread.start()
+    thread.join(60)
+    assert out and out[0][0] is True
+    assert math_verify_check("\\boxed{42}", "42", 5.0)[0] is True  # the main thread, with an alarm of 5 s
 
 
 def test_math_verify_scores_from_a_thread() -> None:
