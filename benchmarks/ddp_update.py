@@ -77,19 +77,19 @@ class Setup:
         self.group = WorkerGroup(cluster, TrainerWorker, ranks, cfg, OBS, ACT, pins, name=f"bench-{ranks}x{threads}",
                                  resources=RankResources(0.01, env_vars=threads_env))
         if ranks > 1:
-            host, port = self.group.call("rendezvous", ranks=[0]).result()
-            self.group.call("join", host, port).wait()
+            host, port = self.group.on(0).rendezvous().result()
+            self.group.remote.join(host, port).wait()
         self.update_s: list[float] = []
 
     def update(self, batch_ref: Any, lr: float) -> float:
         t0 = time.perf_counter()
-        stats = self.group.call("update", batch_ref, lr).as_phase().wait()
+        stats = self.group.remote.update(batch_ref, lr).as_phase().wait()
         wall_s = time.perf_counter() - t0
         self.update_s.append(max(s["time/train_s"] for s in stats))  # the slowest rank's update
         return wall_s
 
     def weights(self) -> dict[str, Any]:
-        return state_of(self.group.call("export_weights").wait()[0])
+        return state_of(self.group.remote.export_weights().wait()[0])
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -274,25 +274,25 @@ def probe_workers(cfg: ReasoningConfig, prompts: list[PromptRecord], cluster: Cl
         nonlocal rounds
         rounds += 1
         t0 = time.perf_counter()
-        weights = trainer.call("export_weights")
-        rollout.call("load_weights", weights.handle(0)).wait()
+        weights = trainer.remote.export_weights()
+        rollout.remote.load_weights(weights.handle(0)).wait()
         out = {"sync": time.perf_counter() - t0}
         generated = Channel(f"profile-generated-{rounds}", reward, phase=True, source="rollout")
         scored = Channel(f"profile-scored-{rounds}", trainer, phase=True, source="reward")
-        gen_f = rollout.call("generate", chunk_prompts(draws[: size // G], 1), generated).as_phase()
-        score_f = reward.call("score", 1, generated, scored).as_phase()
+        gen_f = rollout.remote.generate(chunk_prompts(draws[: size // G], 1), generated).as_phase()
+        score_f = reward.remote.score(1, generated, scored).as_phase()
         out["rollout"] = sum(r["generate_s"] for r in gen_f.wait())
         out["reward"] = sum(r["reward_s"] for r in score_f.wait())
         if size % mb == 0:  # the trainer takes whole minibatches
-            stats = trainer.call("train", scored, 1, cfg.algo.lr).as_phase().result()
+            stats = trainer.remote.train(scored, 1, cfg.algo.lr).as_phase().result()
             out["trainer"] = stats["time/train_s"]
             out.update({k: v for k, v in stats.items() if k.startswith("offload/")})
         return out
 
     def configure(threads: int) -> None:
         placed = pin(threads)
-        wait_all(rollout.call("configure", placed["rollout"]), reward.call("configure", placed["reward"]),
-                 trainer.call("configure", placed["trainer"], False))
+        wait_all(rollout.remote.configure(placed["rollout"]), reward.remote.configure(placed["reward"]),
+                 trainer.remote.configure(placed["trainer"], False))
 
     try:
         for size in _sample_sizes(cfg):
@@ -313,14 +313,14 @@ def probe_workers(cfg: ReasoningConfig, prompts: list[PromptRecord], cluster: Cl
                 train = f", train {probes['trainer'].samples[-1][2] * 1e3:7.1f} ms" if "trainer" in rounds_[0] else ""
                 log(f"  {size:>5} responses, {threads} thread(s): generate {probes['rollout'].samples[-1][2] * 1e3:7.1f} ms, "
                     f"score {probes['reward'].samples[-1][2] * 1e3:6.2f} ms{train}")
-        trainer.call("configure", pin(1)["trainer"], True).wait()  # its context switch, as a plan offloads it
+        trainer.remote.configure(pin(1)["trainer"], True).wait()  # its context switch, as a plan offloads it
         switch = one_round(max(s for s in _sample_sizes(cfg) if s % mb == 0))
-        payload = trainer.call("export_weights").result()
+        payload = trainer.remote.export_weights().result()
         ends = (rollout, reward) if rollout.num_ranks == reward.num_ranks == 1 else None
         transfer = probe_transfer(cluster, message_mib, log, ends)
     finally:
         for group in (rollout, reward):
-            group.call("close").wait(timeout_s=30)
+            group.remote.close().wait(timeout_s=30)
         for group in (rollout, reward, trainer):
             group.shutdown()
     per_minibatch(probes["trainer"], mb)
@@ -351,3 +351,4 @@ def _sample_mib(chunk: GeneratedChunk) -> float:
     arrays = (chunk.prompt_ids, chunk.prompt_mask, chunk.response_ids, chunk.logprobs, chunk.response_mask)
     text = sum(len(t.encode()) for t in chunk.texts)
     return (sum(a.nbytes for a in arrays) + text) / len(chunk) / MIB
+

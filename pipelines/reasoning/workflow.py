@@ -144,9 +144,9 @@ class ReasoningWorkflow(Workflow):
     def apply(self, layout: Layout) -> None:
         pin = self._pinnings(layout, self.profile_)
         wait_all(
-            self.rollout.call("configure", pin["rollout"]),
-            self.reward.call("configure", pin["reward"]),
-            self.trainer.call("configure", pin["trainer"], self._trainer_offloads(layout)),
+            self.rollout.remote.configure(pin["rollout"]),
+            self.reward.remote.configure(pin["reward"]),
+            self.trainer.remote.configure(pin["trainer"], self._trainer_offloads(layout)),
         )
         self.layout = layout
         self._connect(layout)
@@ -156,19 +156,19 @@ class ReasoningWorkflow(Workflow):
         cfg = self.cfg
         assert self.layout is not None, "iterate() before build()"
         t0 = time.perf_counter()
-        weights = self.trainer.call("export_weights")
-        self.rollout.call("load_weights", weights.handle(0)).wait()
+        weights = self.trainer.remote.export_weights()
+        self.rollout.remote.load_weights(weights.handle(0)).wait()
         t_sync = time.perf_counter()
         k = self.layout.num_chunks
         chunks = chunk_prompts(self.reader.draws(iteration), k)
-        rollout_f = self.rollout.call("generate", chunks, self.generated).as_phase()
-        reward_f = self.reward.call("score", k, self.generated, self.scored).as_phase()
+        rollout_f = self.rollout.remote.generate(chunks, self.generated).as_phase()
+        reward_f = self.reward.remote.score(k, self.generated, self.scored).as_phase()
         if self.streams:
-            train_f = self.trainer.call("train", self.scored, k, lr).as_phase()
+            train_f = self.trainer.remote.train(self.scored, k, lr).as_phase()
             wait_all(rollout_f, reward_f, train_f)
         else:  # the trainer shares cores with generation: it starts after it (the plan's phases)
             wait_all(rollout_f, reward_f)
-            train_f = self.trainer.call("train", self.scored, k, lr).as_phase()
+            train_f = self.trainer.remote.train(self.scored, k, lr).as_phase()
         stats = dict(train_f.result())
         t_end = time.perf_counter()
         rollouts, rewards = rollout_f.wait(), reward_f.wait()
@@ -203,10 +203,10 @@ class ReasoningWorkflow(Workflow):
 
     # --- state -------------------------------------------------------------------------------------
     def trainer_state(self) -> dict[str, Any]:
-        return self.trainer.call("state").result()
+        return self.trainer.remote.state().result()
 
     def load_trainer_state(self, state: dict[str, Any]) -> None:
-        self.trainer.call("load_state", state["model"], state.get("optimizer"), state["version"], state.get("generator")).wait()
+        self.trainer.remote.load_state(state["model"], state.get("optimizer"), state["version"], state.get("generator")).wait()
 
     def check_checkpoint(self, checkpoint: Path, *spaces: Any) -> None:
         self.prepared()
@@ -219,11 +219,10 @@ class ReasoningWorkflow(Workflow):
         val = self.prepared().val
         if not val:
             return {}
-        weights = self.trainer.call("export_weights")
-        self.rollout.call("load_weights", weights.handle(0), ranks=[0]).wait()
+        weights = self.trainer.remote.export_weights()
+        self.rollout.on(0).load_weights(weights.handle(0)).wait()
         ev = self.cfg.eval
-        return self.rollout.call("evaluate", val, ev.samples, ev.batch_size, self.cfg.seed + 10_000_000,
-                                 ranks=[0]).as_phase().result()
+        return self.rollout.on(0).evaluate(val, ev.samples, ev.batch_size, self.cfg.seed + 10_000_000).as_phase().result()
 
     def close(self) -> None:
         """Stop the verifier processes (math-verify) the rollout and reward workers may hold, then
@@ -231,7 +230,7 @@ class ReasoningWorkflow(Workflow):
         groups, self.groups = self.groups, []
         for group in groups[:2]:  # rollout, reward
             try:
-                group.call("close").wait(timeout_s=30)
+                group.remote.close().wait(timeout_s=30)
             except Exception:  # a failed run's workers may be gone; the cluster's shutdown ends them anyway
                 LOG.debug(f"[reasoning] closing {group.name} failed", exc_info=True)
         for group in groups:

@@ -40,19 +40,19 @@ class Peer(Worker):
 
 def peers(cluster, timeout_s: float) -> WorkerGroup:
     group = WorkerGroup(cluster, Peer, 2, name="peers", resources=RankResources(0.25))
-    host, port = group.call("rendezvous", ranks=[0]).result()
-    group.call("join", host, port, timeout_s).wait()
+    host, port = group.on(0).rendezvous().result()
+    group.remote.join(host, port, timeout_s).wait()
     return group
 
 
 def test_ranks_meet_on_loopback_and_a_missing_peer_times_out(ray_cluster):
     group = peers(ray_cluster, timeout_s=3)
     try:
-        assert group.call("all_reduce", 1.5).wait() == [3.0, 3.0]
+        assert group.remote.all_reduce(1.5).wait() == [3.0, 3.0]
         loopback = ("127.0.0.1", "::1", "::ffff:127.0.0.1")  # the store, and gloo's pairs (an IPv6 socket)
-        assert all(ip in loopback for ips in group.call("listening").wait() for ip in ips)
+        assert all(ip in loopback for ips in group.remote.listening().wait() for ip in ips)
         with pytest.raises(WorkerError, match="all_reduce") as err:  # rank 1 never joins this collective
-            group.call("all_reduce", 1.0, ranks=[0]).result(timeout_s=60)
+            group.on(0).all_reduce(1.0).result(timeout_s=60)
         assert err.value.rank == 0 and "imed out" in str(err.value)
     finally:
         group.shutdown()
@@ -61,9 +61,9 @@ def test_ranks_meet_on_loopback_and_a_missing_peer_times_out(ray_cluster):
 def test_the_rank_that_died_is_named_not_the_survivor(ray_cluster):
     group = peers(ray_cluster, timeout_s=20)
     try:
-        group.call("die", ranks=[1])
+        group.on(1).die()
         with pytest.raises(WorkerError) as err:  # rank 0 notices its lost peer in the collective
-            group.call("all_reduce", 1.0, ranks=[0]).result(timeout_s=60)
+            group.on(0).all_reduce(1.0).result(timeout_s=60)
         assert err.value.rank == 0
         dead = group.first_dead("all_reduce")
         assert dead is not None and dead.rank == 1 and "the worker process died" in str(dead)

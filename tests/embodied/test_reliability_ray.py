@@ -79,7 +79,7 @@ def test_actors_are_named_after_class_group_and_rank(ray_cluster):
     try:
         assert group.actor_names == ["env:0", "env:1"]
         assert {"env:0", "env:1"} <= set(ray.util.list_named_actors())
-        for pid in group.call("pid").wait():
+        for pid in group.remote.pid().wait():
             name, cmd = _title(pid)
             assert name == "ray::EnvWorker" and cmd == "ray::EnvWorker"
         assert ray.get_actor("env:1") is not None
@@ -92,7 +92,7 @@ def test_a_group_name_taken_in_this_session_gets_a_suffix(ray_cluster):
     second = WorkerGroup(ray_cluster, EnvWorker, 1, name="rollout", resources=half())
     try:
         assert first.actor_names == ["rollout:0"] and second.actor_names == ["rollout#2:0"]
-        assert second.call("pid").result() != first.call("pid").result()
+        assert second.remote.pid().result() != first.remote.pid().result()
     finally:
         first.shutdown()
         second.shutdown()
@@ -103,9 +103,9 @@ def test_each_actor_writes_its_own_log_and_failures_say_where(ray_cluster, tmp_p
     group = WorkerGroup(cluster, EnvWorker, 1, name="sim", resources=half())
     try:
         assert group.log_paths == [tmp_path / "logs" / "sim-0.log"]
-        pid = group.call("pid").result()
+        pid = group.remote.pid().result()
         with pytest.raises(WorkerError) as info:
-            group.call("fail").wait()
+            group.remote.fail().wait()
         err = info.value
         assert exit_code_of(err) == 3
         assert err.where == {"group": "sim", "rank": 0, "node": group.locations[0].node, "pid": pid,
@@ -122,9 +122,9 @@ def test_each_actor_writes_its_own_log_and_failures_say_where(ray_cluster, tmp_p
 
 def test_a_dead_worker_is_reported_with_its_node_and_pid(ray_cluster):
     group = WorkerGroup(ray_cluster, EnvWorker, 1, name="doomed-env", resources=half())
-    pid = group.call("pid").result()
+    pid = group.remote.pid().result()
     with pytest.raises(WorkerError, match=r"doomed-env\[rank 0\].*died") as info:
-        group.call("die").wait()
+        group.remote.die().wait()
     assert info.value.where["pid"] == pid and info.value.where["node"] == group.locations[0].node
     group.shutdown()
 
@@ -137,16 +137,16 @@ def test_a_worker_keeps_the_kind_of_its_failure(ray_cluster, backend):
     group = WorkerGroup(cluster, EnvWorker, 1, name=f"kinds-{backend}", resources=half())
     try:
         with pytest.raises(WorkerError) as full:
-            group.call("disk_full").wait()
+            group.remote.disk_full().wait()
         assert exit_code_of(full.value) == 4
         assert format_failure(full.value).startswith(
             "Storage failed (exit code 4): disk_full() failed: StorageError: Writing the frame buffer failed at "
             "/videos/x.mp4: No space left on device")
         with pytest.raises(WorkerTimeout) as slow:
-            group.call("wait_for_nothing").wait()
+            group.remote.wait_for_nothing().wait()
         assert exit_code_of(slow.value) == 5
         with pytest.raises(WorkerError) as bug:
-            group.call("fail").wait()
+            group.remote.fail().wait()
         assert exit_code_of(bug.value) == 3
     finally:
         group.shutdown()
@@ -168,7 +168,7 @@ FRESH_CLUSTER = textwrap.dedent("""
         with Cluster(ClusterConfig(backend="ray", num_cpus=1, timeout_s=120), run_dir=run_dir) as cluster:
             out["sigterm_kept"] = signal.getsignal(signal.SIGTERM) is ours
             group = WorkerGroup(cluster, EnvWorker, 1, name="env", resources=RankResources(num_cpus=0.5))
-            out["actor_pid"] = group.call("pid").result()
+            out["actor_pid"] = group.remote.pid().result()
             me = psutil.Process()
             procs = [me] + me.children(recursive=True)
             pids = {p.pid: p.name() for p in procs}

@@ -97,13 +97,30 @@ def half() -> RankResources:
 
 def test_ranks_know_their_rank_and_run_in_separate_processes_on_ray(cluster):
     group = WorkerGroup(cluster, Producer, 2, 1, resources=half())
-    ranks = group.whoami().wait()
+    ranks = group.remote.whoami().wait()
     assert [(r, w) for r, w, _ in ranks] == [(0, 2), (1, 2)]
     pids = {pid for _, _, pid in ranks}
     assert (len(pids) == 2 and os.getpid() not in pids) if cluster.backend == "ray" else pids == {os.getpid()}
     # chosen ranks only
-    assert [r[0] for r in group.call("whoami", ranks=[1]).wait()] == [1]
+    assert [r[0] for r in group.on(1).whoami().wait()] == [1]
     group.shutdown()
+
+
+def test_a_misspelt_method_or_a_missing_rank_fails_before_anything_is_sent():
+    with Cluster(ClusterConfig(backend="local", timeout_s=30)) as cluster:
+        group = WorkerGroup(cluster, Producer, 2, 1)
+        calls = []
+        group._call = lambda *args, **kwargs: calls.append(args)  # what would send a call
+        with pytest.raises(AttributeError, match=r"Producer has no method 'whoam'; did you mean whoami\?"):
+            group.remote.whoam()
+        with pytest.raises(AttributeError, match="did you mean sleep"):
+            group.on(1).slep(1.0)
+        with pytest.raises(ValueError, match=r"ranks 0\.\.1; asked for \[5\]"):
+            group.on(5)
+        with pytest.raises(ValueError, match="asked for"):
+            group.on()
+        assert calls == []
+        group.shutdown()
 
 
 def test_ray_workers_start_with_the_torch_process_env(ray_cluster):
@@ -111,7 +128,7 @@ def test_ray_workers_start_with_the_torch_process_env(ray_cluster):
 
     group = WorkerGroup(ray_cluster, Producer, 1, 1, resources=half())
     for key, default in TORCH_PROCESS_ENV.items():
-        assert group.getenv(key).wait() == [os.environ.get(key, default)]
+        assert group.remote.getenv(key).wait() == [os.environ.get(key, default)]
     group.shutdown()
 
 
@@ -171,9 +188,9 @@ def test_channel_routes_keys_to_owner_and_keeps_fifo_order(cluster):
     producers = WorkerGroup(cluster, Producer, 1, 1, resources=half())
     consumers = WorkerGroup(cluster, Consumer, 2, resources=half())
     channel = Channel("data", consumers)  # int key k -> rank k % 2
-    c0 = consumers.call("consume", channel, [0, 2], 25, ranks=[0])
-    c1 = consumers.call("consume", channel, [1, 3], 25, ranks=[1])
-    p = producers.produce(channel, 100, 4)
+    c0 = consumers.on(0).consume(channel, [0, 2], 25)
+    c1 = consumers.on(1).consume(channel, [1, 3], 25)
+    p = producers.remote.produce(channel, 100, 4)
     wait_all(c0, c1, p)
     got = {**c0.result(), **c1.result()}
     for k in range(4):
@@ -186,8 +203,8 @@ def test_get_batch_and_two_producers_into_one_key(cluster):
     producers = WorkerGroup(cluster, Producer, 2, 1, resources=half())
     consumers = WorkerGroup(cluster, Consumer, 1, resources=half())
     channel = Channel("data", consumers)
-    wait_all(producers.produce(channel, 10, 1))
-    items = consumers.consume_batch(channel, 0, 20).result()
+    wait_all(producers.remote.produce(channel, 10, 1))
+    items = consumers.remote.consume_batch(channel, 0, 20).result()
     assert sorted(items) == sorted([1000 + i for i in range(10)] + [1100 + i for i in range(10)])
     # each producer's own items stay in order
     assert [x for x in items if x < 1100] == [1000 + i for i in range(10)]
@@ -198,7 +215,7 @@ def test_get_batch_and_two_producers_into_one_key(cluster):
 def test_worker_exception_names_group_rank_method_and_cause(cluster):
     group = WorkerGroup(cluster, Producer, 2, 1, name="sim", resources=half())
     with pytest.raises(WorkerError) as err:
-        group.call("fail", ranks=[1]).wait()
+        group.on(1).fail().wait()
     msg = str(err.value)
     assert "sim[rank 1]" in msg and "fail()" in msg and "ValueError: boom in the worker" in msg
     assert "traceback in the worker" in msg
@@ -208,7 +225,7 @@ def test_worker_exception_names_group_rank_method_and_cause(cluster):
 def test_user_error_in_worker_stays_a_user_error(cluster):
     group = WorkerGroup(cluster, Producer, 1, 1, resources=half())
     with pytest.raises(UserError, match="bad user input"):
-        group.user_fail().wait()
+        group.remote.user_fail().wait()
     group.shutdown()
 
 
@@ -220,13 +237,13 @@ def test_construction_error_names_the_rank(cluster):
 def test_wait_all_fails_fast_and_times_out(cluster):
     group = WorkerGroup(cluster, Producer, 2, 1, resources=half())
     t0 = time.monotonic()
-    slow = group.call("sleep", 5.0, ranks=[0])
-    bad = group.call("fail", ranks=[1])
+    slow = group.on(0).sleep(5.0)
+    bad = group.on(1).fail()
     with pytest.raises(WorkerError, match="fail"):
         wait_all(slow, bad)
     assert time.monotonic() - t0 < 4.0, "did not fail fast"
     with pytest.raises(WorkerTimeout, match=r"no answer within 0.5 s \(the timeout given to this wait\)"):
-        group.call("sleep", 5.0, ranks=[1]).wait(timeout_s=0.5)
+        group.on(1).sleep(5.0).wait(timeout_s=0.5)
     group.shutdown()
 
 
@@ -234,7 +251,7 @@ def test_channel_get_times_out_instead_of_hanging(cluster):
     consumers = WorkerGroup(cluster, Consumer, 1, resources=half())
     channel = Channel("never", consumers, timeout_s=0.5)
     with pytest.raises(WorkerError, match="ChannelTimeout: channel 'never' key 0: no answer within 0.5 s"):
-        consumers.consume(channel, [0], 1).wait()
+        consumers.remote.consume(channel, [0], 1).wait()
     consumers.shutdown()
 
 
@@ -244,7 +261,7 @@ def test_shutting_down_a_local_group_ends_a_get_that_waits():
     get's whole timeout. Shutting its group down ends the get at once."""
     with Cluster(ClusterConfig(backend="local", timeout_s=60)) as c:
         consumers = WorkerGroup(c, Consumer, 1, name="sink")
-        waiting = consumers.consume(Channel("never", consumers), [0], 1)
+        waiting = consumers.remote.consume(Channel("never", consumers), [0], 1)
         time.sleep(0.2)  # the rank is in its get
         t0 = time.monotonic()
         consumers.shutdown()
@@ -262,18 +279,18 @@ def test_every_wait_names_its_seconds_and_config_key():
         group = WorkerGroup(c, Producer, 1, 1, name="slow")
         with pytest.raises(WorkerTimeout, match=r"slow\[rank 0\] failed in sleep\(\): no answer within 0.3 s "
                                                 r"\(cluster.timeout_s\).*raise cluster.timeout_s if it is slow") as info:
-            group.call("sleep", 3.0).wait()
+            group.remote.sleep(3.0).wait()
         assert exit_code_of(info.value) == 5
         assert format_failure(info.value).startswith("Timed out (exit code 5): sleep() failed: no answer within 0.3 s")
         t0 = time.monotonic()
         with pytest.raises(WorkerTimeout, match=r"no answer within 0.6 s \(cluster.phase_timeout_s\)"):
-            group.call("sleep", 3.0).as_phase().wait()
+            group.remote.sleep(3.0).as_phase().wait()
         assert 0.5 < time.monotonic() - t0 < 2.5
         consumers = WorkerGroup(c, Consumer, 1, name="sink")
         for channel, seconds, key in ((Channel("obs", consumers, source="env"), "0.3", "cluster.timeout_s"),
                                       (Channel("batches", consumers, phase=True), "0.6", "cluster.phase_timeout_s")):
             with pytest.raises(WorkerTimeout) as info:
-                consumers.consume(channel, [0], 1).wait(timeout_s=5)
+                consumers.remote.consume(channel, [0], 1).wait(timeout_s=5)
             assert f"ChannelTimeout: channel {channel.name!r} key 0: no answer within {seconds} s ({key})" in str(info.value)
             assert ("Worker group env is stuck or dead" in str(info.value)) == (channel.name == "obs")
         group.shutdown(), consumers.shutdown()
@@ -287,8 +304,8 @@ def test_timeouts_must_be_positive():
 def test_handle_passes_results_between_groups_without_the_driver(cluster):
     a = WorkerGroup(cluster, Producer, 1, 3, resources=half())
     b = WorkerGroup(cluster, Consumer, 1, resources=half())
-    who = a.whoami()
-    assert b.identity(who.handle(0)).result()[:2] == (0, 1)
+    who = a.remote.whoami()
+    assert b.remote.identity(who.handle(0)).result()[:2] == (0, 1)
     a.shutdown()
     b.shutdown()
 
@@ -296,7 +313,7 @@ def test_handle_passes_results_between_groups_without_the_driver(cluster):
 def test_dead_worker_process_is_reported(ray_cluster):
     group = WorkerGroup(ray_cluster, Producer, 1, 1, name="doomed", resources=half())
     with pytest.raises(WorkerError, match=r"doomed\[rank 0\].*died"):
-        group.die().wait(timeout_s=60)
+        group.remote.die().wait(timeout_s=60)
 
 
 def test_socket_frames_round_trip_arrays_out_of_band():
@@ -340,10 +357,10 @@ def test_channel_falls_back_to_ray_when_the_socket_is_gone(ray_cluster):
     consumers = WorkerGroup(ray_cluster, Consumer, 1, resources=half())
     (endpoint,) = consumers.endpoints()
     assert endpoint.address is not None  # a same-machine producer would use the socket...
-    assert consumers.close_socket_inbox().wait() == [True]  # ...which is now gone
+    assert consumers.remote.close_socket_inbox().wait() == [True]  # ...which is now gone
     channel = Channel("data", consumers)
-    c = consumers.call("consume", channel, [0], 5)
-    wait_all(c, producers.produce(channel, 5, 1))
+    c = consumers.remote.consume(channel, [0], 5)
+    wait_all(c, producers.remote.produce(channel, 5, 1))
     assert c.result()[0] == [1000 + i for i in range(5)]
     producers.shutdown()
     consumers.shutdown()

@@ -31,8 +31,8 @@ def main(address: str) -> dict:
                               resources=RankResources(0.5, custom={"node_trainer": 0.1}))
         rollout = WorkerGroup(cluster, RolloutWorker, 2, cfg, obs, act, 1, name="rollout",
                               resources=RankResources(0.5, custom={"node_env": 0.1}))
-        weights = trainer.call("export_weights")
-        loaded = rollout.call("load_weights", weights.handle(0))  # one ObjectRef to both ranks
+        weights = trainer.remote.export_weights()
+        loaded = rollout.remote.load_weights(weights.handle(0))  # one ObjectRef to both ranks
         wait_all(weights, loaded)
         ref = weights.handle(0)
         where = ray.experimental.get_object_locations([ref])[ref]

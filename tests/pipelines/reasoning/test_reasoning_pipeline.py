@@ -23,9 +23,9 @@ def test_one_iteration_through_ray_changes_the_weights_with_a_finite_loss(tmp_pa
     runner = Runner(cfg, None, workflow)
     try:
         runner.start(ray_cluster)
-        before = state_of(workflow.trainer.call("export_weights").result())
+        before = state_of(workflow.trainer.remote.export_weights().result())
         metrics = runner.step()
-        after = state_of(workflow.trainer.call("export_weights").result())
+        after = state_of(workflow.trainer.remote.export_weights().result())
         evaluation = workflow.evaluate(None)
     finally:
         workflow.close()

@@ -46,19 +46,19 @@ def test_rollout_logprobs_equal_the_trainers_after_a_weight_sync(tmp_path, tempe
     with Cluster(cfg.cluster) as cluster:
         try:
             runner.start(cluster)
-            before = state_of(workflow.trainer.call("export_weights").result())
+            before = state_of(workflow.trainer.remote.export_weights().result())
             runner.step()  # one GRPO iteration: the trainer's weights leave the checkpoint's
-            after = state_of(workflow.trainer.call("export_weights").result())
+            after = state_of(workflow.trainer.remote.export_weights().result())
             assert any(not torch.equal(before[k], after[k]) for k in before)
-            workflow.rollout.call("load_weights", workflow.trainer.call("export_weights").handle(0)).wait()
+            workflow.rollout.remote.load_weights(workflow.trainer.remote.export_weights().handle(0)).wait()
             collector = WorkerGroup(cluster, Collector, 1, name="collector")
             generated = Channel("generated", collector)
             draws = PromptReader(workflow.prepared().train, 8, seed=5).draws(0)
-            workflow.rollout.call("generate", chunk_prompts(draws, 1), generated).wait()
-            [chunk] = collector.call("collect", generated, [0]).result()
+            workflow.rollout.remote.generate(chunk_prompts(draws, 1), generated).wait()
+            [chunk] = collector.remote.collect(generated, [0]).result()
             assert (~chunk.prompt_mask[:, 0]).any() and chunk.prompt_mask[:, -1].all()  # left-padded to P
             batch = score_chunk(chunk, RewardFunction(cfg.reward)).batch
-            recomputed = workflow.trainer.call("score", batch).result()  # (n, K) one teacher-forced pass
+            recomputed = workflow.trainer.remote.score(batch).result()  # (n, K) one teacher-forced pass
         finally:
             workflow.close()
     mask = chunk.response_mask
@@ -80,12 +80,12 @@ def test_chunks_stream_whole_groups_in_order(tmp_path) -> None:
         trainer = WorkerGroup(cluster, TrainerWorker, 1, cfg, name="trainer")
         collector = WorkerGroup(cluster, Collector, 1, name="collector")
         generated, scored = Channel("generated", reward), Channel("scored", collector)
-        rollout.call("load_weights", trainer.call("export_weights").handle(0)).wait()
+        rollout.remote.load_weights(trainer.remote.export_weights().handle(0)).wait()
         draws = PromptReader(train, 6, seed=0).draws(2)
         chunks = chunk_prompts(draws, 3)
-        rollout_f = rollout.call("generate", chunks, generated)
-        reward_f = reward.call("score", 3, generated, scored)
-        received = collector.call("collect", scored, [0, 1, 2]).result()
+        rollout_f = rollout.remote.generate(chunks, generated)
+        reward_f = reward.remote.score(3, generated, scored)
+        received = collector.remote.collect(scored, [0, 1, 2]).result()
         assert rollout_f.result()["response_tokens"] > 0 and reward_f.result()["reward_s"] >= 0
         for group in (rollout, reward, trainer, collector):
             group.shutdown()
@@ -149,8 +149,8 @@ def test_the_trainers_updates_do_not_depend_on_the_chunking(tmp_path) -> None:
                 part = rows(gen, c.first * G, (c.first + len(c)) * G)
                 channel.put(c.index, score_chunk(GeneratedChunk.of(c, part, G, cfg.data.max_prompt_length,
                                                                    backend.pad_token_id, 0, 0.0), reward))
-            stats[k] = trainer.call("train", channel, k, 1e-2).result()
-            weights[k] = state_of(trainer.call("export_weights").result())
+            stats[k] = trainer.remote.train(channel, k, 1e-2).result()
+            weights[k] = state_of(trainer.remote.export_weights().result())
             trainer.shutdown()
     assert stats[1]["losses/optimizer_steps"] == stats[2]["losses/optimizer_steps"] == 2.0  # one per minibatch
     assert stats[1]["losses/grad_norm"] > 0 and stats[1]["losses/policy"] == stats[2]["losses/policy"]
