@@ -27,6 +27,10 @@ TEXT_COLOR = (255, 255, 255)
 FAIL_COLOR = (255, 110, 90)
 
 
+class NoFrames(UserError):
+    """The env gives nothing to film: no ``rgb`` observation and ``render()`` returns None."""
+
+
 def as_uint8_frames(frames: Array) -> np.ndarray:
     """(N, H, W, 3) uint8 from numpy/torch frames, uint8 or float in [0, 1]; (H, W, 3) becomes N=1."""
     arr = np.asarray(to_numpy(frames))
@@ -194,8 +198,11 @@ class VideoRecorder:
     def __enter__(self) -> VideoRecorder:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        """Finish the file; a recording that raised leaves no (partial) file."""
         self.close()
+        if exc_type is not None:
+            self.path.unlink(missing_ok=True)
 
 
 def frames_of(env: VecEnv, obs: Obs) -> np.ndarray:
@@ -204,7 +211,7 @@ def frames_of(env: VecEnv, obs: Obs) -> np.ndarray:
         return as_uint8_frames(obs["rgb"])
     frames = env.render()
     if frames is None:
-        raise UserError(
+        raise NoFrames(
             "Cannot record a video: the env has no 'rgb' observation and render() returned nothing. "
             "Use env.obs_mode=rgb (or state+rgb), or an env that renders (robosuite/LIBERO: env.kwargs.render=true)."
         )
@@ -230,7 +237,8 @@ def record_episodes(
     num_episodes: stop once each shown env finished this many episodes (or after ``max_steps``).
     Frames come from ``obs["rgb"]`` or ``env.render()``; at the step an episode ends the tile
     shows its last frame (``final_obs["rgb"]`` when the env provides it) with the final return.
-    Returns the video's path.
+    Returns the video's path. When it raises (:class:`NoFrames` from an env without a renderer,
+    or the env's own error from ``render()``) no partial file is left.
     """
     shown = min(max_envs, env.num_envs)
     finished = np.zeros(shown, np.int64)

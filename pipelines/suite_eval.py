@@ -32,7 +32,7 @@ from embodied.errors import UserError
 from embodied.registry import Registry
 from envs.config import EnvConfig
 from envs.registry import resolve_adapter
-from pipelines.evaluate import evaluate_policy, record_video
+from pipelines.evaluate import EpisodeProgress, evaluate_policy, record_video
 from policies.base import Policy
 
 RESULTS_NAME = "suite_results"
@@ -178,6 +178,7 @@ def evaluate_suite(
     device: torch.device | str = "cpu",
     video: bool = True,
     video_envs: int = 1,
+    progress: bool = False,
 ) -> SuiteResult:
     """Evaluate ``policy`` on every task ``env_cfg.id`` names; write the table into ``out_dir``.
 
@@ -185,6 +186,7 @@ def evaluate_suite(
     num_envs:          parallel envs per task; default ``min(N, env_cfg.num_envs)``.
     video:             film ``video_envs`` episodes per task into ``out_dir/videos/<task>.mp4``
                        (a task whose env cannot render gets none, with a warning).
+    progress:          show each task's episodes as they end (``task K/T <id>: i/N episodes``).
     Returns the :class:`SuiteResult` that ``suite_results.json`` / ``.md`` hold.
     """
     if episodes_per_task < 1:
@@ -192,9 +194,12 @@ def evaluate_suite(
     out = Path(out_dir)
     n = num_envs or min(episodes_per_task, env_cfg.num_envs)
     results = []
-    for task in suite_tasks(env_cfg.id):
+    tasks = suite_tasks(env_cfg.id)
+    for k, task in enumerate(tasks, 1):
         cfg = dataclasses.replace(env_cfg, id=task.id)
-        stats = evaluate_policy(policy, cfg, episodes_per_task, seed=seed, num_envs=n, deterministic=deterministic, device=device)
+        shown = EpisodeProgress(episodes_per_task, f"task {k}/{len(tasks)} {task.id}") if progress else None
+        stats = evaluate_policy(policy, cfg, episodes_per_task, seed=seed, num_envs=n, deterministic=deterministic, device=device,
+                                progress=shown)
         film = _video(policy, cfg, out, task.id, seed, deterministic, device, video_envs) if video else None
         rate = stats["eval/success_rate"]
         results.append(
