@@ -12,7 +12,9 @@ responses to one prompt (reasoning).
                  With ``return_to_go`` each decision is scored by the rewards from it on, against
                  the group's members at the same step.
                  With ``filter_groups``, groups whose outcomes have no spread stay out too
-                 (dynamic sampling).
+                 (dynamic sampling). A batch in which no group has any spread teaches nothing:
+                 that is logged as a warning (the first time, then at most once per
+                 ``ZERO_SIGNAL_WARN_EVERY`` batches; ``embodied.rl.ZeroSignalMonitor``).
     minibatch:   advantages normalized to mean 0 / std 1 only with ``norm_adv`` (off by default).
     loss:        clipped surrogate (clip-higher, dual clip) - entropy bonus + kl_loss_coef * KL to
                  the reference, aggregated with ``loss_agg_mode``.
@@ -20,16 +22,19 @@ responses to one prompt (reasoning).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 
 from embodied.algorithms.base import ALGORITHMS, Advantages, Algorithm
+from embodied.algorithms.config import AlgoConfig
 from embodied.rl import (
     ADVANTAGE_ESTIMATORS,
     LossAggCounts,
     Samples,
     TrajectoryBatch,
+    ZeroSignalMonitor,
     decision_ends,
     first_episode_mask,
     first_episode_outcome,
@@ -37,6 +42,8 @@ from embodied.rl import (
     frac_reward_zero_std,
     zero_std_group_mask,
 )
+
+LOG = logging.getLogger("embodied.grpo")
 
 
 def equal_episode_weights(mask: torch.Tensor) -> torch.Tensor:
@@ -53,6 +60,10 @@ class GRPO(Algorithm):
 
     name = "grpo"
     estimators = ("grpo", "rloo")
+
+    def __init__(self, cfg: AlgoConfig) -> None:
+        super().__init__(cfg)
+        self.zero_signal = ZeroSignalMonitor()
 
     @property
     def grouped(self) -> bool:
@@ -83,9 +94,13 @@ class GRPO(Algorithm):
                 advantages = advantages * equal_episode_weights(mask)[None, :]
         if cfg.filter_groups:
             mask = mask & zero_std_group_mask(outcome, group_ids)[None, :]
+        frac_zero_std = float(frac_reward_zero_std(outcome, group_ids))
+        warning = self.zero_signal.observe(frac_zero_std, int(group_ids.unique().numel()))
+        if warning is not None:
+            LOG.warning(f"[grpo] {warning}")
         stats = {
             "grpo/outcome_mean": float(outcome.mean()),
-            "grpo/frac_reward_zero_std": float(frac_reward_zero_std(outcome, group_ids)),
+            "grpo/frac_reward_zero_std": frac_zero_std,
             "grpo/unfinished_episodes": float((~finished).float().mean()),
             "grpo/decisions_in_loss": float(mask.float().mean()),
         }

@@ -24,7 +24,7 @@ from embodied.rl.aggregation import (
     loss_agg_counts,
     resolve_loss_agg_mode,
 )
-from embodied.rl.filtering import frac_reward_zero_std, zero_std_group_mask
+from embodied.rl.filtering import ZERO_SIGNAL_WARN_EVERY, ZeroSignalMonitor, frac_reward_zero_std, zero_std_group_mask
 from embodied.rl.importance import (
     TRL_IS_MODES,
     ISLevel,
@@ -52,12 +52,14 @@ __all__ = [
     "LOSS_AGG_ALIASES",
     "LOSS_AGG_MODES",
     "TRL_IS_MODES",
+    "ZERO_SIGNAL_WARN_EVERY",
     "ISLevel",
     "ISMode",
     "ISModeAlias",
     "LossAggAlias",
     "LossAggCounts",
     "LossAggMode",
+    "ZeroSignalMonitor",
     "agg_entropy",
     "agg_loss",
     "frac_reward_zero_std",

@@ -17,7 +17,11 @@ import torch
 
 from embodied.rl._groups import as_float_rewards, has_spread, make_groups
 
-__all__ = ["frac_reward_zero_std", "zero_std_group_mask"]
+__all__ = ["ZERO_SIGNAL_WARN_EVERY", "ZeroSignalMonitor", "frac_reward_zero_std", "zero_std_group_mask"]
+
+#: After the first warning, a run that keeps getting batches without signal is told again at most
+#: once per this many batches: often enough to see in a log, rarely enough not to drown it.
+ZERO_SIGNAL_WARN_EVERY = 50
 
 
 def zero_std_group_mask(
@@ -65,3 +69,39 @@ def frac_reward_zero_std(
     if groups.num_groups == 0:
         raise ValueError(f"{fn}: `rewards` is empty (N = 0)")
     return (~has_spread(groups, rewards)).to(rewards.dtype).mean()
+
+
+class ZeroSignalMonitor:
+    """Says when a batch has no learning signal: every group's rewards are equal, so every advantage
+    is 0 and the update changes nothing (a run of such batches learns nothing, silently).
+
+    :meth:`observe` takes each batch's share of zero-spread groups and returns a one-line warning
+    the first time the share is 1, then at most once per ``every`` batches while it happens again
+    (with how many such batches there were since the last warning); None otherwise."""
+
+    def __init__(self, every: int = ZERO_SIGNAL_WARN_EVERY) -> None:
+        if every < 1:
+            raise ValueError(f"ZeroSignalMonitor: every must be >= 1 (got {every})")
+        self.every = every
+        self.batches = 0
+        self.zero_signal_batches = 0
+        self._last_warned: int | None = None  # the batch number of the last warning
+        self._since_warned = 0
+
+    def observe(self, frac_zero_std: float, num_groups: int) -> str | None:
+        """The warning for a batch whose groups (``num_groups``) have ``frac_zero_std`` zero spread."""
+        self.batches += 1
+        if frac_zero_std < 1.0:
+            return None
+        self.zero_signal_batches += 1
+        self._since_warned += 1
+        if self._last_warned is not None and self.batches - self._last_warned < self.every:
+            return None
+        count, self._since_warned, self._last_warned = self._since_warned, 0, self.batches
+        seen = "" if self.zero_signal_batches == 1 else f" ({count} such batch(es) since the last warning)"
+        return (
+            f"no learning signal: all {num_groups} group(s) of batch {self.batches} have equal rewards, so every "
+            f"advantage is 0 and the update does nothing{seen}. Raise algo.group_size, use harder data (all "
+            "right) or easier data / a warm start (all wrong), or raise the sampling temperature for more varied "
+            "samples."
+        )

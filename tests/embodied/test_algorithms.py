@@ -155,6 +155,22 @@ def test_grpo_advantages_per_group_and_dynamic_sampling():
     torch.testing.assert_close(dr.advantages[0], torch.tensor([0.5, -0.5, 0, 0, 0, 0]))
 
 
+def test_grpo_warns_when_no_group_of_a_batch_has_any_spread(caplog):
+    ends = [[1, 1, 1, 1]]
+    equal = batch([[0.0] * 4], truncated=ends, success=[[1, 1, 0, 0]], group_ids=[0, 0, 1, 1])  # all right, all wrong
+    mixed = batch([[0.0] * 4], truncated=ends, success=[[1, 0, 0, 0]], group_ids=[0, 0, 1, 1])
+    algo = build_algorithm(AlgoConfig(name="grpo", group_size=2))
+    with caplog.at_level("WARNING", logger="embodied.grpo"):
+        algo.advantages(mixed)
+        assert caplog.records == []  # one group has a signal: silent
+        algo.advantages(equal)
+        assert len(caplog.records) == 1 and "no learning signal: all 2 group(s)" in caplog.records[0].getMessage()
+        assert "algo.group_size" in caplog.records[0].getMessage()
+        for _ in range(3):
+            algo.advantages(equal)
+        assert len(caplog.records) == 1  # rate-limited: not every batch
+
+
 def test_grpo_equal_episode_weight_makes_a_short_success_weigh_as_much_as_a_long_failure():
     # one group of 2 envs over 4 decisions: env 0 succeeds at its 1st decision (then auto-resets:
     # the 3 decisions after are not its rollout), env 1 is truncated at its 4th; advantages +-a

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from embodied.rl import frac_reward_zero_std, grpo_advantages, zero_std_group_mask
+from embodied.rl import ZeroSignalMonitor, frac_reward_zero_std, grpo_advantages, zero_std_group_mask
 
 # Four groups, interleaved, with arbitrary labels:
 #   group 0 = [1, 1, 1]   all equal        -> dropped
@@ -63,3 +63,16 @@ def test_rejects_bad_inputs(kwargs: dict, message: str) -> None:
             fn(torch.tensor(REWARDS), **kwargs)
     with pytest.raises(ValueError, match=r"`rewards` must have 1 dimension"):
         zero_std_group_mask(torch.zeros(2, 2), group_size=2)
+
+
+def test_zero_signal_monitor_warns_first_then_every_n_batches() -> None:
+    monitor = ZeroSignalMonitor(every=3)
+    said = [monitor.observe(frac, 4) for frac in [0.5, 1.0, 1.0, 1.0, 0.75, 1.0, 1.0, 1.0, 1.0]]
+    # batches 2 (the first), 5 would be 3 after it but has signal, so 6; then 9
+    assert [i + 1 for i, s in enumerate(said) if s is not None] == [2, 6, 9]
+    assert "all 4 group(s) of batch 2" in said[1] and "group_size" in said[1] and "temperature" in said[1]
+    assert "(3 such batch(es) since the last warning)" in said[5]  # batches 3, 4 and 6
+    assert monitor.zero_signal_batches == 7 and monitor.batches == 9
+    assert all(ZeroSignalMonitor().observe(frac, 4) is None for frac in (0.0, 0.5, 0.99))
+    with pytest.raises(ValueError, match="every must be >= 1"):
+        ZeroSignalMonitor(every=0)
