@@ -1,6 +1,10 @@
 """``embodied plan RECIPE [key=value ...] [--profile] [--out PATH]``: what the M2Flow planner would
 run, and why: the candidate table, the chosen plan, and a Gantt chart of its timeline against the
-sequential plan (one chunk, colocated)."""
+sequential plan (one chunk, colocated).
+
+The chart goes to ``--out``, else into the run when the command names an existing one
+(``resume=RUN`` or ``run.dir=RUN``: ``RUN/plan.png``), else to ``runs/plans/<recipe>.png``;
+never into the current directory itself."""
 
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ def describe_bound(bound: Bound, sequential_s: float, chosen_s: float, gap: GapT
 def cmd_plan(args: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="embodied plan", description=__doc__)
     parser.add_argument("--profile", action="store_true", help="measure again even if a cached profile exists")
-    parser.add_argument("--out", default=None, help="timeline PNG (default: plan-<recipe>.png)")
+    parser.add_argument("--out", default=None, help="timeline PNG (default: RUN/plan.png of an existing run dir, "
+                        "else runs/plans/<recipe>.png)")
     parser.add_argument("--json", default=None, help="also write the plan, candidates and profile as JSON")
     flags, rest = parser.parse_known_args(args)
     cfg = build_train_config(rest)
@@ -59,7 +64,8 @@ def cmd_plan(args: list[str]) -> int:
     if result.bound is not None:
         print(describe_bound(result.bound, baseline.predicted_iteration_s, best.predicted_iteration_s,
                              gap_to_bound(result.best_timeline, result.bound)))
-    out = Path(flags.out or f"plan-{cfg.recipe}.png")
+    out = Path(flags.out) if flags.out else default_plot_path(cfg)
+    out.parent.mkdir(parents=True, exist_ok=True)
     from embodied.timeline_plot import plot_timelines  # matplotlib: only when drawing
 
     plot_timelines({"sequential (1 chunk, colocated)": base_timeline, f"chosen ({best.mode}, {best.num_chunks} chunks)": result.best_timeline},
@@ -72,6 +78,15 @@ def cmd_plan(args: list[str]) -> int:
             "candidates": [dict(zip(("mode", "chunks", "placement", "predicted_s", "mean_utilization"), row)) for row in result.table()],
         }, indent=2))
     return 0
+
+
+def default_plot_path(cfg) -> Path:
+    """``<run dir>/plan.png`` when ``cfg`` names an existing run (``resume=`` or a ``run.dir``
+    holding a ``config.yaml``), else ``runs/plans/<recipe>.png``."""
+    run_dir = getattr(getattr(cfg, "run", None), "dir", None)
+    if run_dir and (Path(run_dir) / "config.yaml").is_file():
+        return Path(run_dir) / "plan.png"
+    return Path("runs") / "plans" / f"{cfg.recipe}.png"
 
 
 register_command("plan", cmd_plan, "show the M2Flow plan: embodied plan RECIPE [key=value ...] [--profile]")
