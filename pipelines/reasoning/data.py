@@ -12,6 +12,14 @@ TRL prompt-only: ``{"prompt": "The sky is"}`` or ``{"prompt": [{"role": "user", 
 with the answer in another column (``solution``, ``answer``, ``ground_truth``); every other column
 travels with the record (``extras``), as TRL passes them to reward functions.
 
+GSM8K's own files (``openai/gsm8k``'s ``main`` JSONL)::
+
+    {"question": "Natalia sold clips ...", "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips ... #### 72"}
+
+``prompt_key: question``, ``answer_keys: [answer]`` (the ``gsm8k`` verifier reads the gold after
+``####``), ``default_data_source: openai/gsm8k``; ``prompt_suffix`` adds the answer-format
+instruction and ``chat_prompts`` makes the question a user message (recipe ``reasoning_grpo_gsm8k``).
+
 Field names are dotted paths into each row (``reward_model.ground_truth``; a number indexes a list:
 ``solutions.0``). The answer path is the first of ``answer_keys`` that a row has.
 
@@ -51,6 +59,12 @@ class DataConfig:
     """Dotted path of veRL's per-row metadata, merged into ``extras`` (with TRL's other columns)."""
     uid_key: str = ""
     """Dotted path of a unique prompt id; empty: ``<file stem>/<row index>``."""
+    chat_prompts: bool = False
+    """Make a string prompt one user message (as veRL's GSM8K preprocessing writes it), so that
+    ``policy.kwargs.chat_template: auto`` templates it for a model with a chat template."""
+    prompt_suffix: str = ""
+    """Text appended to every prompt (to a string prompt, or to the last message of a chat prompt):
+    the answer-format instruction of raw data such as GSM8K's (``output the final answer after "####"``)."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +183,11 @@ def _record(row: Any, where: str, default_uid: str, cfg: DataConfig) -> PromptRe
     if not isinstance(row, dict):
         raise UserError(f"{where} is a {type(row).__name__}, not an object with fields.")
     prompt = _prompt(_field(row, cfg.prompt_key, where, "data.prompt_key"), where, cfg.prompt_key)
+    if cfg.prompt_suffix:
+        prompt = prompt + cfg.prompt_suffix if isinstance(prompt, str) else [
+            *prompt[:-1], {**prompt[-1], "content": prompt[-1]["content"] + cfg.prompt_suffix}]
+    if cfg.chat_prompts and isinstance(prompt, str):
+        prompt = [{"role": "user", "content": prompt}]
     answer_key = next((key for key in cfg.answer_keys if _has(row, key)), None)
     if answer_key is None:
         reasons = "; ".join(f"{key}: {_why_missing(row, key)}" for key in cfg.answer_keys)
