@@ -19,6 +19,8 @@ of a kind (streams in step: both cores simulating, then both inferring), two str
 beside the matmul. A job that runs twice in a pair is timed on both cores (the ratio: their mean).
 
     python -m benchmarks.co_running [--recipe benchmarks/m2flow_rgb.yaml] [--envs 4] [--calls 40]
+
+Writes ``benchmarks/results/co_running.json``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.common import command_of, write_result
+from benchmarks.common import add_output_args, result_path, save_result
 
 JOBS = ("env", "rollout", "stream", "matmul")
 PARTS = {"env": ("env",), "rollout": ("rollout",), "stream": ("stream.env", "stream.rollout"), "matmul": ("matmul",)}
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--envs", type=int, default=4, help="envs per step (a chunk of the pipelined plans)")
     parser.add_argument("--calls", type=int, default=40, help="timed calls per job and run")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--name", default="co_running")
+    add_output_args(parser, "co_running")
     args = parser.parse_args(argv)
     if len(os.sched_getaffinity(0)) < 2:
         sys.exit("co_running needs two cores")
@@ -151,8 +153,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             parts = dict.fromkeys(part for j in pair for part in PARTS[j])
             together[key] = {part: statistics.median(run[part] for run in runs[key]) / alone[part] for part in parts}
     result = {
-        "benchmark": "co_running",
-        "command": command_of("co_running", argv),
         "recipe": args.recipe, "envs": args.envs, "calls": args.calls, "repeats": args.repeats,
         "runs_s": runs,
         "alone_s": alone,
@@ -165,8 +165,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{key}: " + ", ".join(f"{j} {x:.2f}x its time alone" for j, x in ratios.items()))
     print("a stream alone: " + ", ".join(f"its {j} calls {x:.2f}x the same calls back to back"
                                          for j, x in result["stream_alone_over_separate"].items()))
-    path = write_result(args.name, result)
-    print(f"wrote {path}")
+    save_result(result_path("co_running", args), "co_running", argv, result)
     return result
 
 

@@ -1,11 +1,20 @@
-"""Helpers shared by the benchmarks: machine info and result files."""
+"""Helpers shared by the benchmarks: where a result goes, what it records about how and where it
+ran, and the host's speed around a measurement.
+
+Every benchmark writes one JSON result, ``benchmarks/results/<benchmark>[_<variant>][_<name>].json``
+(:func:`result_path`: ``<variant>`` is a mode of the benchmark, such as ``quick``; ``--name`` adds a
+name of the user's; ``--out PATH`` writes it elsewhere), with the command that ran it, the machine
+and the commit (:func:`save_result`); a picture it draws goes beside it (:func:`beside`).
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -46,10 +55,69 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def commit_info() -> dict[str, Any]:
+    """The commit of this checkout and whether its tracked files had changes (``None`` each outside
+    a git checkout): which code a result measured."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    changes = git("status", "--porcelain", "--untracked-files=no") if commit is not None else None
+    return {"commit": commit, "dirty": None if changes is None else bool(changes)}
+
+
+def add_output_args(parser: argparse.ArgumentParser, benchmark: str) -> None:
+    """``--name`` and ``--out``, the options of where ``benchmark``'s result goes (:func:`result_path`)."""
+    parser.add_argument("--name", default=None,
+                        help=f"a name for this result: benchmarks/results/{benchmark}[_<variant>]_<NAME>.json")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write the result JSON to this path instead (its pictures beside it)")
+
+
+def result_path(benchmark: str, args: argparse.Namespace, variant: str | None = None) -> Path:
+    """Where ``benchmark``'s result goes: ``args.out`` when given, else
+    ``RESULTS/<benchmark>[_<variant>][_<args.name>].json`` (a name that already starts with the
+    benchmark's stem is not repeated: ``--name m2flow_sweep_quiet`` is ``m2flow_sweep_quiet.json``)."""
+    if getattr(args, "out", None) is not None:
+        return Path(args.out)
+    stem = "_".join(part for part in (benchmark, variant) if part)
+    name = getattr(args, "name", None)
+    if name:
+        stem = name if name == stem or name.startswith(f"{stem}_") else f"{stem}_{name}"
+    return RESULTS / f"{stem}.json"
+
+
+def beside(path: Path, suffix: str) -> Path:
+    """The file beside the result ``path`` that shares its stem: ``beside(results/x.json, ".png")``
+    is ``results/x.png``, ``"_timeline.png"`` gives ``results/x_timeline.png``. Its folder is made."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.with_name(path.stem + suffix)
+
+
+def save_result(path: Path, benchmark: str, argv: Sequence[str] | None, result: dict[str, Any],
+                also: Sequence[Path] = ()) -> Path:
+    """Write ``result`` to ``path`` as JSON after what every result records (the benchmark, the
+    command that ran it: :func:`command_of`, :func:`machine_info`, :func:`commit_info`), and print
+    where it went (and the files ``also`` written beside it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = {"benchmark": benchmark, "command": command_of(benchmark, argv), "machine": machine_info(),
+            "commit": commit_info()}
+    path.write_text(json.dumps({**head, **result}, indent=2) + "\n")
+    print("wrote " + " and ".join(str(p) for p in (path, *also)), flush=True)
+    return path
+
+
 def write_result(name: str, result: dict[str, Any]) -> Path:
+    """Write ``result`` to ``RESULTS/<name>.json`` with the machine and the commit it ran on."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps({"machine": machine_info(), **result}, indent=2) + "\n")
+    path.write_text(json.dumps({"machine": machine_info(), "commit": commit_info(), **result}, indent=2) + "\n")
     return path
 
 

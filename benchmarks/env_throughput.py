@@ -67,7 +67,7 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from benchmarks.common import machine_info, write_result  # noqa: E402
+from benchmarks.common import add_output_args, result_path, save_result  # noqa: E402
 from envs.base import VecEnv  # noqa: E402
 from envs.config import EnvConfig  # noqa: E402
 from envs.multiprocess import MultiprocessVecEnv  # noqa: E402
@@ -484,14 +484,15 @@ def extra_machine_info() -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, shorter windows, procs 1..2")
     parser.add_argument("--only", default=None, help="run only workloads whose name contains this")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--max-procs", type=int, default=None, help="largest process count in the scaling runs")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one workload, print JSON
-    args = parser.parse_args()
+    add_output_args(parser, "env_throughput")
+    args = parser.parse_args(argv)
     from envs.vulkan import ensure_vulkan_env
 
     ensure_vulkan_env()
@@ -513,7 +514,6 @@ def main() -> None:
     for name, report in reports.items():
         print_table(name, report)
     result = {
-        "benchmark": "env_throughput",
         "quick": args.quick,
         "machine_more": {**extra_machine_info(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
         "total_s": round(time.perf_counter() - start, 1),
@@ -530,8 +530,8 @@ def main() -> None:
             "per simulating process; each workload runs in a fresh process. The machine may be shared: see loadavg."
         ),
     }
-    path = write_result("env_throughput_quick" if args.quick else "env_throughput", result)
-    print(f"\nwrote {path} in {result['total_s']:.0f} s")
+    print(f"\n{len(reports)} workload(s) in {result['total_s']:.0f} s")
+    save_result(result_path("env_throughput", args, "quick" if args.quick else None), "env_throughput", argv, result)
 
 
 RESULT_MARK = "ENV_THROUGHPUT_RESULT "

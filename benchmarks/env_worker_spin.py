@@ -40,7 +40,7 @@ from typing import Any  # noqa: E402
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.common import write_result  # noqa: E402
+from benchmarks.common import add_output_args, result_path, save_result  # noqa: E402
 from benchmarks.env_throughput import process_cpu_s  # noqa: E402
 from envs.config import EnvConfig  # noqa: E402
 from envs.multiprocess import MultiprocessVecEnv  # noqa: E402
@@ -203,12 +203,13 @@ def round_trips(steps: int = 2000) -> list[dict[str, Any]]:
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=16)
     parser.add_argument("--window", type=float, default=0.4, help="seconds per window")
     parser.add_argument("--only", default=None, help="run only cases whose name contains this")
-    args = parser.parse_args()
+    add_output_args(parser, "env_worker_spin")
+    args = parser.parse_args(argv)
     from envs.vulkan import ensure_vulkan_env
 
     ensure_vulkan_env()
@@ -217,9 +218,7 @@ def main() -> None:
     print(f"env spin-waits: {SPIN_US} us, off / workers only / workers and parent, {args.rounds} rounds of {args.window} s", flush=True)
     trips = round_trips()
     results = [run_case(*case, rounds=args.rounds, seconds=args.window) for case in CASES if not args.only or args.only in case[0]]
-    path = write_result("env_worker_spin", {
-        "benchmark": "env_worker_spin",
-        "command": "python -m benchmarks.env_worker_spin",
+    result = {
         "spin_us": SPIN_US,
         "rounds": args.rounds,
         "window_s": args.window,
@@ -232,8 +231,9 @@ def main() -> None:
                  "the default) for one window each, the first one rotating; paired ratios are medians over rounds of the "
                  "per-round steps/s ratios. Worker CPU per step from /proc (10 ms resolution, summed over a window); parent "
                  "CPU per step from this process's process_time (includes the busy 'policy' of the 2 ms case).",
-    })
-    print(f"wrote {path} in {time.perf_counter() - start:.0f} s")
+    }
+    print(f"{len(results)} case(s) in {result['total_s']:.0f} s")
+    save_result(result_path("env_worker_spin", args), "env_worker_spin", argv, result)
 
 
 if __name__ == "__main__":

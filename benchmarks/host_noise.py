@@ -18,7 +18,7 @@ a process's median against another's (a fresh build, as each sweep candidate is)
 
     python -m benchmarks.host_noise [--recipe maniskill_pushcube_ppo] [--processes 4] [--blocks 5] [--steps N]
 
-Writes ``benchmarks/results/host_noise.json`` and ``.png`` (``--name`` changes the stem).
+Writes ``benchmarks/results/host_noise.json`` and the picture beside it, ``host_noise.png``.
 """
 
 from __future__ import annotations
@@ -38,8 +38,15 @@ from collections.abc import Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from benchmarks import common  # noqa: E402
-from benchmarks.common import command_of, cpu_times, host_reference_s, steal_share, write_result  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    add_output_args,
+    beside,
+    cpu_times,
+    host_reference_s,
+    result_path,
+    save_result,
+    steal_share,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 _MARK = "HOST_NOISE_BLOCK "
@@ -169,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--blocks", type=int, default=5)
     parser.add_argument("--steps", type=int, default=None, help="batch steps per block (default: the recipe's algo.rollout_steps)")
-    parser.add_argument("--name", default="host_noise")
+    add_output_args(parser, "host_noise")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="config overrides of the recipe (key=value)")
     args = parser.parse_args(argv)
@@ -186,12 +193,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
           f"{summary['spread']:.2f}x, within a process {summary['within_process_spread']:.2f}x, across processes "
           f"{summary['across_process_spread']:.2f}x); env CPU seconds {summary['cpu_spread']:.2f}x; "
           f"{'the same' if summary['same_work'] else 'NOT the same'} physics in every block", flush=True)
-    png = common.RESULTS / f"{args.name}.png"
-    common.RESULTS.mkdir(parents=True, exist_ok=True)
+    path = result_path("host_noise", args)
+    png = beside(path, ".png")
     plot(processes, summary, f"{args.recipe}: identical blocks in {args.processes} fresh processes", png)
     result = {
-        "benchmark": "host_noise",
-        "command": command_of("host_noise", argv),
         "recipe": args.recipe,
         "overrides": list(args.overrides),
         "blocks": args.blocks,
@@ -203,8 +208,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "processes": [list(p) for p in processes],
         "png": png.name,
     }
-    path = write_result(args.name, result)
-    print(f"wrote {path} and {png}")
+    save_result(path, "host_noise", argv, result, also=(png,))
     return result
 
 

@@ -13,6 +13,9 @@ For each configuration the same training iterations run for real (Ray workers, c
 the planner's prediction for the configuration is recorded next to the measurement.
 
     python -m benchmarks.m2flow_pipelining [--workload rgb|vla] [--iterations 5] [--recipe PATH]
+
+Writes ``benchmarks/results/m2flow_pipelining.json`` (``m2flow_pipelining_vla.json`` for the VLA
+workload) and the timelines beside it (``..._timeline.png``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster
 from embodied.timeline_plot import plot_timelines
-from benchmarks.common import RESULTS, command_of, write_result
+from benchmarks.common import add_output_args, beside, result_path, save_result
 from pipelines.config import EmbodiedConfig
 from pipelines.onpolicy.workflow import EmbodiedWorkflow
 from pipelines.onpolicy.planning import macro_flow_of, plan_embodied, resources_of
@@ -80,22 +83,23 @@ def run_config(cfg: EmbodiedConfig, iterations: int, calibrate: bool = False) ->
 @dataclass(frozen=True)
 class Workload:
     """A benchmarked workload: its recipe, the chunk counts of the sweep (in ``sweep_mode``, None:
-    the planner's best mode for the count), its result name and title."""
+    the planner's best mode for the count), its result's variant (None: the benchmark's own name)
+    and title."""
 
     recipe: str
     chunks: tuple[int, ...]
-    name: str
+    variant: str | None
     title: str
     sweep_mode: str | None = None
 
 
 WORKLOADS = {
     # the sweep: the pinned pipelines (env on one core, rollout on the other) against the planner's choice
-    "rgb": Workload(str(HERE / "m2flow_rgb.yaml"), (2, 4), "m2flow_pipelining",
+    "rgb": Workload(str(HERE / "m2flow_rgb.yaml"), (2, 4), None,
                     "M2Flow on 2 CPU cores: ManiSkill rgb + token-decoding policy, one iteration (predicted)",
                     sweep_mode="hybrid"),
     # GRPO groups of 4 of 8 envs: a chunk holds whole groups
-    "vla": Workload("maniskill_openvlaoft_grpo_tiny", (2,), "m2flow_pipelining_vla",
+    "vla": Workload("maniskill_openvlaoft_grpo_tiny", (2,), "vla",
                     "M2Flow on 2 CPU cores: tiny OpenVLA-OFT (GRPO) on ManiSkill rgb, one iteration (predicted)"),
 }
 
@@ -105,13 +109,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="rgb")
     parser.add_argument("--recipe", default=None, help="another recipe for the workload (default: the workload's)")
     parser.add_argument("--iterations", type=int, default=5)
-    parser.add_argument("--name", default=None, help="result name (default: the workload's)")
     parser.add_argument("--reprofile", action="store_true", help="measure the profile again (do it on a quiet machine)")
     parser.add_argument("overrides", nargs="*")
+    add_output_args(parser, "m2flow_pipelining")
     args = parser.parse_args(argv)
     workload = WORKLOADS[args.workload]
     args.recipe = args.recipe or workload.recipe
-    args.name = args.name or workload.name
     _, data = load_recipe(args.recipe)
     base = apply_overrides(EmbodiedConfig, data, ["plan.replan_threshold=0", *args.overrides])
 
@@ -199,11 +202,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         panels[f"the choice at the per-call costs measured in the pipeline ({factors}); measured "
                f"{results['planner']['measured_iteration_s']:.2f} s\nbeyond the bound at those costs "
                f"({measured_bound.iteration_s:.2f} s): {rest.describe()}"] = simulate(choice, at_measured, workflow, resources)
-    png = plot_timelines(panels, RESULTS / f"{args.name}_timeline.png", title=workload.title)
+    path = result_path("m2flow_pipelining", args, workload.variant)
+    png = plot_timelines(panels, beside(path, "_timeline.png"), title=workload.title)
     result = {
-        "benchmark": "m2flow_pipelining",
         "workload_name": args.workload,
-        "command": command_of("m2flow_pipelining", argv),
         "workload": {"recipe": Path(args.recipe).name, "env": base.env.id, "obs_mode": base.env.obs_mode,
                      "num_envs": base.env.num_envs, "rollout_steps": base.algo.rollout_steps, "policy": base.policy.name,
                      "policy_kwargs": base.policy.kwargs},
@@ -213,8 +215,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "summary": summary,
         "timeline_png": png.name,
     }
-    path = write_result(args.name, result)
-    print(f"wrote {path} and {png}")
+    save_result(path, "m2flow_pipelining", argv, result, also=(png,))
     return result
 
 

@@ -28,7 +28,6 @@ Writes ``benchmarks/results/maniskill_batched.json`` (``--out`` for another path
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 import warnings
@@ -36,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS, machine_info, synchronize
+from benchmarks.common import add_output_args, result_path, save_result, synchronize
 from envs.config import EnvConfig
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)  # ManiSkill's numpy deprecations
@@ -124,7 +123,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--sim-backend", default=None, help="physx_cuda (default with CUDA) or physx_cpu")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--window", type=float, default=3.0, help="seconds per variant per round")
-    parser.add_argument("--out", type=Path, default=RESULTS / "maniskill_batched.json")
+    add_output_args(parser, "maniskill_batched")
     args = parser.parse_args(argv)
     import torch
 
@@ -146,8 +145,6 @@ def main(argv: list[str] | None = None) -> Path:
                 f"{row.get('ratio', 1.0):>7.3f} {row.get('ratio_paired', 1.0):>7.3f}"
             )
     result = {
-        "machine": machine_info(),
-        "benchmark": "maniskill_batched",
         "env_id": args.env_id,
         "obs_mode": args.obs_mode,
         "sim_backend": sim_backend,
@@ -162,10 +159,8 @@ def main(argv: list[str] | None = None) -> Path:
             "steps/s, best rounds; ratio_paired: median of per-round ratios."
         ),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {args.out} in {result['total_s']:.0f} s")
-    return args.out
+    print(f"\n{len(reports)} size(s) in {result['total_s']:.0f} s")
+    return save_result(result_path("maniskill_batched", args), "maniskill_batched", argv, result)
 
 
 if __name__ == "__main__":

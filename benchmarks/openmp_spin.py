@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import write_result
+from benchmarks.common import add_output_args, result_path, save_result
 
 # Every setting is explicit (the benchmarks package sets Embodied's default where none is set):
 # 300000 is libgomp's documented default spin count; PASSIVE means a spin count of 0.
@@ -108,11 +108,12 @@ def measure(steps: int) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    add_output_args(parser, "openmp_spin")
+    args = parser.parse_args(argv)
     if args.one:
         print(MARK + json.dumps(measure(args.steps)), flush=True)
         return
@@ -140,15 +141,12 @@ def main() -> None:
     print(f"{'setting':<32}" + "".join(f"{k:>34}" for k in keys))
     for name, numbers in results.items():
         print(f"{name:<32}" + "".join(f"{numbers[k]:>34.2f}" for k in keys))
-    path = write_result("openmp_spin", {
-        "benchmark": "openmp_spin",
-        "command": "python -m benchmarks.openmp_spin",
+    save_result(result_path("openmp_spin", args), "openmp_spin", argv, {
         "settings": {name: extra for name, extra in SETTINGS.items()},
         "results": results,
         "notes": "Milliseconds, lower is better; each number the better of two interleaved rounds, each setting in a fresh "
                  "process. env.step: ManiSkill PushCube state, 16 envs in 2 processes on 2 cores, median over steps.",
     })
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

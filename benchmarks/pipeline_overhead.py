@@ -22,7 +22,7 @@ from pipelines.onpolicy.workflow import EmbodiedWorkflow
 from pipelines.plain_loop import PlainLoop
 from pipelines.recipes import load_recipe
 from pipelines.runner import Runner
-from benchmarks.common import command_of, write_result
+from benchmarks.common import add_output_args, result_path, save_result
 
 
 class Plain:
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", default="halfcheetah_ppo")
     parser.add_argument("--iterations", type=int, default=10, help="measured iterations of each configuration")
-    parser.add_argument("--name", default="pipeline_overhead", help="result file name under benchmarks/results/")
+    add_output_args(parser, "pipeline_overhead")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     _, data = load_recipe(args.recipe)
@@ -111,8 +111,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"Ray pipeline, staleness 1: {stale['env_steps_per_s']:8.0f} env steps/s  "
           f"({stale['plan']['mode']} {stale['plan']['placement']}) ratio {stale_ratio:.2f}x", flush=True)
     result = {
-        "benchmark": "pipeline_overhead",
-        "command": command_of("pipeline_overhead", argv),
         "recipe": args.recipe,
         "env": cfg.env.id,
         "num_envs": cfg.env.num_envs,
@@ -123,8 +121,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ratio_staleness_1_over_plain": stale_ratio,
         "iteration_s_all": {name: [t[0] for t in times[name]] for name in names},
     }
-    path = write_result(args.name, result)
-    print(f"wrote {path}")
+    save_result(result_path("pipeline_overhead", args), "pipeline_overhead", argv, result)
     return result
 
 

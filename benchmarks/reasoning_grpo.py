@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from benchmarks.common import RESULTS, command_of, write_result  # noqa: E402
+from benchmarks.common import add_output_args, beside, result_path, save_result  # noqa: E402
 from embodied.config import apply_overrides, to_dict  # noqa: E402
 from embodied.runtime import Cluster  # noqa: E402
 from pipelines.reasoning.config import ReasoningConfig  # noqa: E402
@@ -122,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=15.0, help="GRPO time budget (evaluations excluded)")
     parser.add_argument("--eval-every", type=int, default=10)
-    parser.add_argument("--name", default="reasoning_grpo")
+    add_output_args(parser, "reasoning_grpo")
     parser.add_argument("--shared", action="store_true",
                         help="record that other work ran on the machine (its timings are slower than idle)")
     parser.add_argument("overrides", nargs="*", help="config overrides of the recipe (key=value)")
@@ -135,7 +134,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     conditions = {"shared_machine": args.shared, "load_avg_1_5_15_before": load_before,
                   "load_avg_1_5_15_after": os.getloadavg(), "cpu_cores": len(os.sched_getaffinity(0))}
     summary = summarize(result, cfg.eval.samples)
-    png = plot(result, summary, RESULTS / f"{args.name}.png", cfg.eval.samples)
+    path = result_path("reasoning_grpo", args)
+    png = plot(result, summary, beside(path, ".png"), cfg.eval.samples)
     print(f"greedy {summary['before']['eval/greedy_acc']:.3f} -> {summary['after']['eval/greedy_acc']:.3f} "
           f"({summary['greedy_gain_points']:+.1f} points) in {summary['grpo_s'] / 60:.1f} min of GRPO "
           f"({summary['iterations']} iterations); target +{TARGET_POINTS:g} {'met' if summary['target_met'] else 'NOT met'}"
@@ -144,8 +144,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"rollout {summary['median_rollout_tokens_per_s']:,.0f} tokens/s, trainer {summary['median_trainer_tokens_per_s']:,.0f} "
           f"tokens/s, {summary['median_iteration_s']:.3f} s/iteration (medians)")
     out = {
-        "benchmark": "reasoning_grpo",
-        "command": command_of("reasoning_grpo", argv),
         "config": to_dict(cfg),
         "plan": result["plan"],
         "summary": summary,
@@ -154,8 +152,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "wall_s": result["wall_s"],
         "curve_png": png.name,
     }
-    path = write_result(args.name, out)
-    print(f"wrote {path} and {png}")
+    save_result(path, "reasoning_grpo", argv, out, also=(png,))
     return out
 
 

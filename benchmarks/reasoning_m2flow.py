@@ -22,10 +22,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 from typing import Any
 
-from benchmarks.common import RESULTS, command_of, write_result
+from benchmarks.common import add_output_args, beside, result_path, save_result
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster
 from embodied.timeline_plot import plot_timelines
@@ -42,7 +41,7 @@ SMALL_RESERVATIONS = ["workers.rollout_cpus=0.1", "workers.reward_cpus=0.05", "w
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=20, help="measured iterations per configuration")
-    parser.add_argument("--name", default="reasoning_m2flow")
+    add_output_args(parser, "reasoning_m2flow")
     parser.add_argument("--cached-profile", action="store_true",
                         help="plan from the cached profile, if any, instead of measuring it in this run")
     parser.add_argument("--shared", action="store_true",
@@ -126,15 +125,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     workflow, resources = base_flow.macro_flow(), base_flow.resources()
     seq_plan = sequential_plan(workflow, resources, profile)
+    path = result_path("reasoning_m2flow", args)
     png = plot_timelines(
         {"sequential (1 chunk, colocated)": simulate(seq_plan, profile, workflow, resources),
          f"planner's choice ({planned.best.mode}, {planned.best.num_chunks} chunks)": planned.best_timeline},
-        RESULTS / f"{args.name}_timeline.png",
+        beside(path, "_timeline.png"),
         title="M2Flow, reasoning GRPO (tiny Qwen2, 32 prompts x 8 responses): one iteration, predicted",
     )
     result = {
-        "benchmark": "reasoning_m2flow",
-        "command": command_of("reasoning_m2flow", argv),
         "conditions": conditions,
         "workload": {"recipe": "reasoning_grpo_tiny", "prompts": base.data.train_batch_size, "group_size": base.algo.group_size,
                      "max_new_tokens": base.max_new_tokens, "minibatches": base.algo.num_minibatches,
@@ -147,8 +145,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "summary": summary,
         "timeline_png": png.name,
     }
-    path = write_result(args.name, result)
-    print(f"wrote {path} and {png}")
+    save_result(path, "reasoning_m2flow", argv, result, also=(png,))
     return result
 
 

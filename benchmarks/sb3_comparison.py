@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import command_of, write_result
+from benchmarks.common import add_output_args, result_path, save_result
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_ID = "HalfCheetah-v5"
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--learning", action="store_true", help="also compare returns after --learning-steps (3 seeds)")
     parser.add_argument("--learning-steps", type=int, default=1_000_000)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--name", default="sb3_comparison")
+    add_output_args(parser, "sb3_comparison")
     args = parser.parse_args(argv)
     try:
         import stable_baselines3
@@ -107,8 +107,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ratio = {name: statistics.median(row[name]["env_steps_per_s"] / row["sb3"]["env_steps_per_s"] for row in rounds)
              for name in ("embodied", "embodied_staleness_1")}
     result: dict[str, Any] = {
-        "benchmark": "sb3_comparison",
-        "command": command_of("sb3_comparison", argv),
         "env": ENV_ID, "settings": SETTINGS, "steps_per_run": args.steps, "sb3_version": stable_baselines3.__version__,
         "rounds": rounds,
         "median_env_steps_per_s": {name: statistics.median(row[name]["env_steps_per_s"] for row in rounds) for name in rounds[0]},
@@ -133,8 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "staleness_1_not_below_on_policy_spread": statistics.mean(stale) >= min(on),
         }
         print(f"returns after {args.learning_steps:,} steps: on-policy {on}, staleness 1 {stale}")
-    path = write_result(args.name, result)
-    print(f"wrote {path}")
+    save_result(result_path("sb3_comparison", args, "learning" if args.learning else None), "sb3_comparison", argv, result)
     return result
 
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import cpu_times, write_result
+from benchmarks.common import add_output_args, cpu_times, result_path, save_result
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALLERS = ("uv", "pip")
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="full", choices=["train", "full"])
     parser.add_argument("--installers", nargs="+", default=list(INSTALLERS), choices=INSTALLERS)
-    parser.add_argument("--name", default="setup_time")
+    add_output_args(parser, "setup_time")
     args = parser.parse_args(argv)
     if shutil.which("bash") is None:
         raise SystemExit("needs bash")
@@ -68,10 +68,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{len(run['packages'])} packages  ({run['reported']})")
     same = len({tuple(r["packages"]) for r in runs}) == 1
     print(f"same versions installed: {same}")
-    result = {"benchmark": "setup_time", "command": f"python -m benchmarks.setup_time --profile {args.profile}",
-              "profile": args.profile, "same_packages": same,
+    result = {"profile": args.profile, "same_packages": same,
               "runs": [{k: v for k, v in r.items() if k != "packages"} | {"num_packages": len(r["packages"])} for r in runs]}
-    print(f"-> {write_result(args.name, result)}")
+    save_result(result_path("setup_time", args), "setup_time", argv, result)
     return result
 
 

@@ -24,7 +24,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from benchmarks.common import command_of, write_result
+from benchmarks.common import add_output_args, result_path, save_result
 from embodied.config import apply_overrides
 from pipelines.config import EmbodiedConfig
 from pipelines.recipes import load_recipe
@@ -54,6 +54,7 @@ def time_act(policy: Any, obs: dict[str, torch.Tensor], repeats: int) -> float:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
+    add_output_args(parser, "token_decoding")
     args = parser.parse_args(argv)
     _, data = load_recipe(str(HERE / "m2flow_rgb.yaml"))
     cfg = apply_overrides(EmbodiedConfig, data, [])
@@ -85,14 +86,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         torch.set_num_threads(before)
     result = {
-        "benchmark": "token_decoding",
-        "command": command_of("token_decoding", argv),
         "policy": {"name": cfg.policy.name, "kwargs": cfg.policy.kwargs, "action_tokens": policies[0].num_action_tokens,
                    "obs_tokens": policies[0].num_obs_tokens},
         "rows": rows,
     }
-    path = write_result("token_decoding", result)
-    print(f"wrote {path}")
+    save_result(result_path("token_decoding", args), "token_decoding", argv, result)
     return result
 
 

@@ -22,24 +22,23 @@ measures the operations the pipeline's workers run, at the model level:
     python -m benchmarks.vla_real_size                          # CUDA, openvla-7b shapes, bf16
     python -m benchmarks.vla_real_size --tiny --out /tmp/v.json  # the same code on a tiny model (CPU check)
 
-Writes ``benchmarks/results/vla_real_size.json`` (``--out`` for another path).
+Writes ``benchmarks/results/vla_real_size.json`` (``vla_real_size_tiny.json`` with ``--tiny``; ``--out`` for
+another path).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from benchmarks.common import RESULTS, command_of, machine_info, synchronize
+from benchmarks.common import add_output_args, result_path, save_result, synchronize
 from embodied.offload import Offloader
 from embodied.runtime.weights import WeightSyncer
 from policies.vla.config import VLAConfig
@@ -246,7 +245,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--lora-rank", type=int, default=32)
     parser.add_argument("--cycles", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=RESULTS / "vla_real_size.json")
+    add_output_args(parser, "vla_real_size")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -265,9 +264,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           + ("" if device.type != "cuda" else f", {allocated(device) / GIB:.1f} GiB allocated"))
 
     result: dict[str, Any] = {
-        "benchmark": "vla_real_size",
-        "command": command_of("vla_real_size", argv),
-        "machine": machine_info(),
         "model": "tiny (policies.vla.tiny defaults)" if args.tiny else "openvla-7b shapes (config.json), random weights",
         "dtype": str(dtype).removeprefix("torch."), "device": str(device),
         "parameters": params, "parameters_by_part": parts, "build_s": build_s,
@@ -279,9 +275,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result["trainable_parameters"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
     result["weight_sync"] = weight_sync(model, device)
     result["context_switch"] = context_switch(model, optimizer, device, args.cycles)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    save_result(result_path("vla_real_size", args, "tiny" if args.tiny else None), "vla_real_size", argv, result)
     return result
 
 

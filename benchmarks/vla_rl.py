@@ -18,7 +18,8 @@ Before and after use the same protocol and the same evaluation episodes (seeds `
 10_000_000 + i``, apart from training's and from the warm start's), so the delta is paired.
 
 Target (issue 16): +20 points of greedy success for both algorithms.
-Writes ``benchmarks/results/vla_rl.{json,png}`` (``--name`` changes the stem).
+Writes ``benchmarks/results/vla_rl.json`` and the curves beside it, ``vla_rl.png`` (``--name N``:
+``vla_rl_N.{json,png}``; ``--combine FILE ...`` merges such results of one algorithm each).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from benchmarks.common import RESULTS, command_of, write_result  # noqa: E402
+from benchmarks.common import add_output_args, beside, result_path, save_result  # noqa: E402
 from embodied.checkpoint import load_checkpoint  # noqa: E402
 from embodied.config import to_dict  # noqa: E402
 from embodied.metrics import read_metrics  # noqa: E402
@@ -182,16 +183,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--algos", nargs="+", choices=list(RECIPES), default=list(RECIPES))
     parser.add_argument("--eval-every-steps", type=int, default=5000, help="env steps between the run's evaluations")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--name", default="vla_rl", help="stem of the result files")
+    add_output_args(parser, "vla_rl")
     parser.add_argument("--run-root", type=Path, default=ROOT / "runs" / "vla_rl", help="where the runs' dirs go")
     parser.add_argument("--shared", action="store_true", help="record that other work ran on the machine (timings slower than idle)")
-    parser.add_argument("--combine", nargs="+", metavar="NAME",
-                        help="merge earlier results/NAME.json files (e.g. one per algorithm, run one after the other or "
-                             "side by side) into results/<--name>.{json,png}; runs nothing")
+    parser.add_argument("--combine", nargs="+", type=Path, metavar="FILE",
+                        help="merge earlier results of this benchmark (e.g. one per algorithm, run one after the other or "
+                             "side by side: benchmarks/results/vla_rl_ppo.json ...) into one; runs nothing")
     parser.add_argument("overrides", nargs="*", help="config overrides of both recipes (key=value)")
     args = parser.parse_args(argv)
+    path = result_path("vla_rl", args)
     if args.combine:
-        return combine(args.combine, args.name)
+        return combine(args.combine, path, argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the warm start's progress lines
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_root = args.run_root / stamp
@@ -199,15 +201,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     results = {name: run_algorithm(name, args, run_root) for name in args.algos}
     episodes = next(iter(results.values()))["config"]["eval"]["episodes"]
-    png = plot(results, episodes, RESULTS / f"{args.name}.png")
+    png = plot(results, episodes, beside(path, ".png"))
     for name, res in results.items():
         print(f"{name.upper()}: " + ", ".join(
             f"{mode} {res['before'][mode]['success_rate']:.2f} -> {res['after'][mode]['success_rate']:.2f} "
             f"({res['delta_points'][mode]:+.1f} points)" for mode in ("greedy", "sampled"))
             + f"; target +{TARGET_POINTS:g} ({res['headline']}) {'met' if res['target_met'] else 'NOT met'}")
     out = {
-        "benchmark": "vla_rl",
-        "command": command_of("vla_rl", argv),
         "target_points": TARGET_POINTS,
         "evaluation": {"episodes": episodes, "seeds": f"seed + {EVAL_SEED_OFFSET} + env index, the same before and after",
                        "headline": "greedy (argmax action tokens), the recipes' eval.deterministic=true",
@@ -219,15 +219,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "wall_s": round(time.perf_counter() - t0, 1),
         "curve_png": png.name,
     }
-    path = write_result(args.name, out)
-    print(f"wrote {path} and {png}")
+    save_result(path, "vla_rl", argv, out, also=(png,))
     return out
 
 
-def combine(names: list[str], name: str) -> dict[str, Any]:
-    """One result of several runs of this benchmark (each with its own algorithms): their results
-    side by side, each run's command and conditions kept."""
-    parts = [json.loads((RESULTS / f"{part}.json").read_text()) for part in names]
+def combine(files: list[Path], path: Path, argv: list[str] | None) -> dict[str, Any]:
+    """One result, written to ``path``, of several runs of this benchmark (each with its own
+    algorithms, in ``files``): their results side by side, each run's command and conditions kept."""
+    parts = [json.loads(Path(f).read_text()) for f in files]
+    names = [Path(f).stem for f in files]
     results: dict[str, Any] = {}
     for part in parts:
         overlap = set(results) & set(part["results"])
@@ -235,9 +235,8 @@ def combine(names: list[str], name: str) -> dict[str, Any]:
             raise ValueError(f"--combine: {sorted(overlap)} appear in more than one of {names}")
         results.update(part["results"])
     episodes = parts[0]["evaluation"]["episodes"]
-    png = plot(results, episodes, RESULTS / f"{name}.png")
+    png = plot(results, episodes, beside(path, ".png"))
     out = {
-        "benchmark": "vla_rl",
         "command": " && ".join(part["command"] for part in parts),
         "combined_from": names,
         "target_points": TARGET_POINTS,
@@ -248,8 +247,7 @@ def combine(names: list[str], name: str) -> dict[str, Any]:
         "wall_s": sum(part["wall_s"] for part in parts),
         "curve_png": png.name,
     }
-    path = write_result(name, out)
-    print(f"wrote {path} and {png}")
+    save_result(path, "vla_rl", argv, out, also=(png,))
     return out
 
 

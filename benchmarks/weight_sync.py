@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from benchmarks.common import command_of, write_result
+from benchmarks.common import add_output_args, result_path, save_result
 from embodied.runtime import Cluster, ClusterConfig
 from embodied.runtime.weights import WeightSyncer
 
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--params-m", type=int, default=100, help="model size in millions of parameters")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--name", default="weight_sync")
+    add_output_args(parser, "weight_sync")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     variants = ("numpy_state_dict", "syncer_full_fp32", "syncer_full_bf16", "syncer_trainable_only")
@@ -130,10 +130,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     base = results["numpy_state_dict"]["sync_s"]
     summary = {v: {"speedup_vs_numpy": base / r["sync_s"], "bytes_vs_numpy": r["bytes_per_sync"] / results["numpy_state_dict"]["bytes_per_sync"]}
                for v, r in results.items()}
-    result = {"benchmark": "weight_sync", "command": command_of("weight_sync", argv),
-              "params_m": args.params_m, "results": results, "summary": summary}
-    path = write_result(args.name, result)
-    print(f"wrote {path}")
+    result = {"params_m": args.params_m, "results": results, "summary": summary}
+    save_result(result_path("weight_sync", args), "weight_sync", argv, result)
     return result
 
 

@@ -5,6 +5,7 @@
     embodied recipes                            list bundled recipes
     embodied plan RECIPE [key=value ...] [--profile]   show the M2Flow planner's choice
     embodied config RECIPE [KEY] [key=value ...]        every config key: value, type, default, doc
+    embodied plot RUN_DIR [--out FILE] [--metric KEY ...]   a run's learning curve (default RUN_DIR/learning_curve.png)
 
 User errors (bad keys, unknown recipes or envs, missing checkpoints) print one paragraph and exit
 with code 2; nothing is written to an existing run.
@@ -264,6 +265,7 @@ def register_command(name: str, fn, help_text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     import pipelines.plan_cli  # noqa: F401  (registers `embodied plan`)
+    import pipelines.plot_cli  # noqa: F401  (registers `embodied plot`)
 
     console_logging()
     parser = argparse.ArgumentParser(

@@ -10,11 +10,11 @@ the run settled on, its predicted seconds per iteration and the measured ones af
 the error, and the probes' prediction of the planner's first choice (what the run would predict
 without calibration).
 
-    python -m benchmarks.m2flow_learning                       # the default job, 32 iterations per run (~8 min)
-    python -m benchmarks.m2flow_learning --recipe halfcheetah_ppo --iterations 20
-    python -m benchmarks.m2flow_learning plan.calibrate=0      # the probes' prediction alone
+    python -m benchmarks.m2flow_sweep --learning                     # the default job, 32 iterations per run (~8 min)
+    python -m benchmarks.m2flow_sweep halfcheetah_ppo --learning --iterations 20
+    python -m benchmarks.m2flow_sweep --learning plan.calibrate=0    # the probes' prediction alone
 
-Writes ``benchmarks/results/m2flow_learning.json``.
+Writes ``benchmarks/results/m2flow_sweep_learning.json``.
 """
 
 from __future__ import annotations
@@ -29,12 +29,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import command_of, write_result
+from benchmarks.common import result_path, save_result
 from embodied.config import apply_overrides
 from pipelines.config import EmbodiedConfig
 from pipelines.recipes import load_recipe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+#: the recipe of the default job, which users run first
+DEFAULT_RECIPE = "maniskill_pushcube_ppo"
+#: training iterations per run: calibration measures the planner's choice for ~16 s (a quarter of
+#: the run at most) besides the other candidates, and needs iterations after it to be judged on
+ITERATIONS = 32
 
 
 def train(recipe: str, run_dir: Path, cache: Path, overrides: list[str]) -> tuple[list[dict[str, Any]], str]:
@@ -68,29 +73,25 @@ def summarize(rows: list[dict[str, Any]], output: str) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipe", default="maniskill_pushcube_ppo")
-    # 32: calibration measures the planner's choice for ~16 s (a quarter of the run at most) besides
-    # the other candidates, and with 16 the default job's calibration took every iteration
-    parser.add_argument("--iterations", type=int, default=32, help="training iterations per run (the first is a warm-up)")
-    parser.add_argument("--name", default="m2flow_learning")
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
-    _, data = load_recipe(args.recipe)
-    cfg = apply_overrides(EmbodiedConfig, data, args.overrides)
-    steps = args.iterations * cfg.steps_per_iteration
+def run(args: argparse.Namespace, argv: list[str] | None, recipe: str, overrides: list[str]) -> dict[str, Any]:
+    """Two runs of ``recipe`` (``args.iterations`` iterations each, :data:`ITERATIONS` by default)
+    on one fresh profile cache, cold then warm, with ``overrides``; prints and writes what each
+    settled on and how its prediction held."""
+    iterations = args.iterations or ITERATIONS
+    _, data = load_recipe(recipe)
+    cfg = apply_overrides(EmbodiedConfig, data, overrides)
+    steps = iterations * cfg.steps_per_iteration
     # the whole run's calibration budget over the shorter run
-    share = min(1.0, cfg.plan.calibrate * (cfg.algo.total_env_steps // cfg.steps_per_iteration) / args.iterations)
-    overrides = [f"algo.total_env_steps={steps}", f"plan.calibrate={share:.4f}", "plan.replan_threshold=0", "eval.episodes=1", "eval.num_envs=1",
-                 "eval.video=false", "checkpoint.every=0", "logging.tensorboard=false", "logging.wandb=false",
-                 "logging.progress=none", *args.overrides]
+    share = min(1.0, cfg.plan.calibrate * (cfg.algo.total_env_steps // cfg.steps_per_iteration) / iterations)
+    fixed = [f"algo.total_env_steps={steps}", f"plan.calibrate={share:.4f}", "plan.replan_threshold=0", "eval.episodes=1",
+             "eval.num_envs=1", "eval.video=false", "checkpoint.every=0", "logging.tensorboard=false",
+             "logging.wandb=false", "logging.progress=none", *overrides]
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp) / "cache"
         for name in ("cold", "warm"):
-            print(f"{name} cache: embodied train {args.recipe} ({args.iterations} iterations) ...", flush=True)
-            rows, output = train(args.recipe, Path(tmp) / name, cache, overrides)
+            print(f"{name} cache: embodied train {recipe} ({iterations} iterations) ...", flush=True)
+            rows, output = train(recipe, Path(tmp) / name, cache, fixed)
             runs[name] = summarize(rows, output)
             r = runs[name]
             print(f"  {r['plan']}: predicted {r['predicted_s']:.3f} s, measured {r['measured_s']:.3f} s "
@@ -98,18 +99,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"{r['profiled_predicted_s']:.3f} s; {r['calibration_iterations']} calibration iteration(s)", flush=True)
             for line in r["m2flow_lines"]:
                 print(f"    {line}", flush=True)
-    result = {
-        "benchmark": "m2flow_learning",
-        "command": command_of("m2flow_learning", argv),
-        "recipe": args.recipe,
-        "iterations": args.iterations,
-        "overrides": overrides,
-        "runs": runs,
-    }
-    path = write_result(args.name, result)
-    print(f"wrote {path}")
+    result = {"mode": "learning", "recipe": recipe, "iterations": iterations, "overrides": fixed, "runs": runs}
+    save_result(result_path("m2flow_sweep", args, "learning"), "m2flow_sweep", argv, result)
     return result
-
-
-if __name__ == "__main__":
-    main()

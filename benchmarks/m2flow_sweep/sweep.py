@@ -6,8 +6,8 @@ hardware; ``--reprofile`` measures again), plan, and calibrate as a run of the r
 within ``plan.calibrate`` of the recipe's iterations; the plan a run settles on and its corrected
 prediction), and time the run's own next iterations under that plan (``--measure-s`` seconds of
 them, the time a plan's rounds take together) against that prediction (what
-a user's run logs, before any re-planning, and what ``benchmarks.m2flow_learning`` reports for the
-default job). Then build the workers of *every* candidate plan of the planner's table (each
+a user's run logs, before any re-planning, and what ``--learning`` (:mod:`.learning`) reports for
+the default job). Then build the workers of *every* candidate plan of the planner's table (each
 distinct placement, chunk count, offload set and micro-batch, up to ``--max-chunks`` chunks; the
 sequential plan always) afresh, load the trainer state the run had reached into them (every
 candidate steps the policy the run's own iterations step: a fresh one's iterations are shorter),
@@ -36,12 +36,12 @@ while it was measured (``/proc/stat``'s steal; a VM's vCPUs can lose time a one-
 timed between the runs does not see).
 
     python -m benchmarks.m2flow_sweep                     # every recipe: ~40 min on 2 quiet cores, ~2 h on a slow 2-vCPU VM
-    python -m benchmarks.m2flow_sweep --recipes maniskill_pushcube_ppo --iterations 5
+    python -m benchmarks.m2flow_sweep maniskill_pushcube_ppo --iterations 5
     python -m benchmarks.m2flow_sweep --quick             # tiny settings, a correctness check (~2 min)
 
 Writes ``benchmarks/results/m2flow_sweep.json`` (``m2flow_sweep_quick.json`` with ``--quick``),
-a picture of predicted vs measured per candidate (``..._sweep.png``) and prints the table of
-docs/benchmarks.md.
+a picture of predicted vs measured per candidate beside it (``m2flow_sweep.png``) and prints the
+table of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from benchmarks.common import RESULTS, command_of, host_window, write_result
+from benchmarks.common import beside, host_window, result_path, save_result
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster
 from pipelines.config import EmbodiedConfig
@@ -71,13 +71,15 @@ from pipelines.calibrate import (
     relative_standard_error,
 )
 from pipelines.onpolicy.workflow import EmbodiedWorkflow
-from pipelines.probes import plan_embodied, profile_embodied, resources_of, macro_flow_of
+from pipelines.onpolicy.planning import macro_flow_of, plan_embodied, resources_of
+from pipelines.probes import profile_embodied
 from pipelines.replan import rescale
 from pipelines.recipes import load_recipe
 from pipelines.runner import Runner
 from scheduler import Plan, Profile, sequential_plan
 
-HERE = Path(__file__).parent
+#: the folder of the benchmarks (and of the sweep's own recipe, ``m2flow_rgb.yaml``)
+HERE = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,7 @@ def calibrate(cfg: EmbodiedConfig, cluster: Cluster, iterations: int, measure_s:
     the iterations it took, and the metrics of the run's next iterations under the plan it
     settled on (as :func:`measure` times a plan: ``iterations``, more up to ``measure_s`` seconds):
     the prediction against the run's own iterations, before any re-planning, as a user's run
-    logs it (``plan/measured_over_predicted``; what ``benchmarks.m2flow_learning`` reports);
+    logs it (``plan/measured_over_predicted``; what ``--learning`` reports);
     and the trainer's state after them (the policy the run had reached, which :func:`measure`
     starts every candidate from)."""
     workflow = EmbodiedWorkflow(cfg)
@@ -464,32 +466,15 @@ def plot(results: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipes", nargs="+", default=None, help="recipe names or paths (default: all of the sweep)")
-    parser.add_argument("--iterations", type=int, default=None, help="timed iterations per plan (default 3; quick 1)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed iterations per plan first")
-    parser.add_argument("--measure-s", type=float, default=None,
-                        help=f"time each plan at least this many seconds (default {SWEEP_MEASURE_S}; quick {QUICK_MEASURE_S})")
-    parser.add_argument("--max-iterations", type=int, default=None,
-                        help=f"at most this many timed iterations per plan (default {SWEEP_MAX_ITERATIONS}; quick {QUICK_MAX_ITERATIONS})")
-    parser.add_argument("--rounds", type=int, default=None,
-                        help=f"measure every plan in this many interleaved rounds, --measure-s split between them "
-                             f"(default {SWEEP_ROUNDS}; quick 1)")
-    parser.add_argument("--max-chunks", type=int, default=None, help="largest chunk count measured (default 4; quick 2)")
-    parser.add_argument("--quick", action="store_true", help="tiny settings and the two CartPole recipes: a correctness check")
-    parser.add_argument("--reprofile", action="store_true", help="measure the profiles again (do it on a quiet machine)")
-    parser.add_argument("--name", default=None, help="result name (default m2flow_sweep, m2flow_sweep_quick)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides for every recipe")
-    args = parser.parse_args(argv)
+def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
+    """The sweep over ``args.recipes`` (all of :data:`SWEEP_RECIPES` when empty; with ``--quick``,
+    :data:`QUICK_RECIPES` at tiny settings) with ``args.overrides`` on each; writes its result, the
+    picture beside it, and prints the table."""
     args.iterations = args.iterations or (1 if args.quick else 3)
     args.max_chunks = args.max_chunks or (2 if args.quick else 4)
     args.measure_s = args.measure_s if args.measure_s is not None else (QUICK_MEASURE_S if args.quick else SWEEP_MEASURE_S)
     args.max_iterations = args.max_iterations or (QUICK_MAX_ITERATIONS if args.quick else SWEEP_MAX_ITERATIONS)
     args.rounds = args.rounds if args.rounds is not None else (1 if args.quick else SWEEP_ROUNDS)
-    if args.rounds < 1:
-        parser.error("--rounds must be >= 1")
-    name = args.name or ("m2flow_sweep_quick" if args.quick else "m2flow_sweep")
     known = {Path(e.recipe).name.removesuffix(".yaml"): e for e in SWEEP_RECIPES}
     wanted = args.recipes or (QUICK_RECIPES if args.quick else [Path(e.recipe).name.removesuffix(".yaml") for e in SWEEP_RECIPES])
     entries = [known.get(Path(r).name.removesuffix(".yaml"), SweepRecipe(r, r)) for r in wanted]
@@ -497,20 +482,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results = [sweep_recipe(e, args) for e in entries]
     md = table(results)
     print(md)
-    png = plot(results, RESULTS / f"{name}.png")
+    path = result_path("m2flow_sweep", args, "quick" if args.quick else None)
+    png = plot(results, beside(path, ".png"))
     result = {
-        "benchmark": "m2flow_sweep",
-        "command": command_of("m2flow_sweep", argv),
+        "mode": "sweep",
         "settings": {"iterations": args.iterations, "warmup": args.warmup, "max_chunks": args.max_chunks, "quick": args.quick,
                      "measure_s": args.measure_s, "max_iterations": args.max_iterations, "rounds": args.rounds},
         "recipes": results,
         "table_md": md,
         "png": png.name,
     }
-    path = write_result(name, result)
-    print(f"wrote {path} and {png}")
+    save_result(path, "m2flow_sweep", argv, result, also=(png,))
     return result
-
-
-if __name__ == "__main__":
-    main()

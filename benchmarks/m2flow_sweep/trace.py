@@ -20,16 +20,17 @@ And how calibration's prediction held (:func:`settled_error`): the prediction th
 each of the settled plan's iterations in its first :data:`SETTLED_WINDOW_S` seconds (for the
 iteration as it ran) against what it took, their median error, as the sweep's ``run_error`` is
 taken. One run is one draw of a noisy host; ``--runs N`` repeats the run (``--fresh-cache``: each
-profiling afresh, as a user's first run of the recipe does) and reports the errors' spread, and
-``--name`` writes them to ``benchmarks/results/<name>.json``; ``--settled-s 16`` ends each run
+profiling afresh, as a user's first run of the recipe does) and reports the errors' spread; the
+result (every run's rows, seconds to 0.1 ms, and their errors) goes to
+``benchmarks/results/m2flow_sweep_trace[_<name>].json``; ``--settled-s 16`` ends each run
 once its settled plan ran 16 s (past the recipe's last iteration where calibration took most of
 the run, as the sweep times a run's own iterations), so that calibration runs as in a run of the
 recipe's length and is judged on as many seconds every time.
 
-    python -m benchmarks.iteration_trace cartpole_grpo plan.max_chunks=2
-    python -m benchmarks.iteration_trace cartpole_ppo algo.total_env_steps=20000 --out trace.jsonl
-    python -m benchmarks.iteration_trace cartpole_ppo plan.calibrate=0 algo.total_env_steps=200000 --out long.jsonl
-    python -m benchmarks.iteration_trace cartpole_grpo plan.max_chunks=2 --runs 8 --fresh-cache --settled-s 16 --name calibration_repeats
+    python -m benchmarks.m2flow_sweep cartpole_grpo --trace plan.max_chunks=2
+    python -m benchmarks.m2flow_sweep cartpole_ppo --trace algo.total_env_steps=20000 --jsonl trace.jsonl
+    python -m benchmarks.m2flow_sweep cartpole_ppo --trace plan.calibrate=0 algo.total_env_steps=200000 --jsonl long.jsonl
+    python -m benchmarks.m2flow_sweep cartpole_grpo --trace plan.max_chunks=2 --runs 8 --fresh-cache --settled-s 16 --name cartpole_grpo
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import command_of, cpu_times, steal_share, write_result
-from benchmarks.m2flow_sweep import FIXED, error
+from benchmarks.common import cpu_times, result_path, save_result, steal_share
+from benchmarks.m2flow_sweep.sweep import FIXED, error
 from embodied.config import apply_overrides
 from embodied.runtime import Cluster
 from pipelines.config import EmbodiedConfig
@@ -54,7 +55,7 @@ from pipelines.runner import Runner
 #: the window lengths :func:`window_spread` reports, in seconds
 WINDOWS_S = (4.0, 8.0, 16.0)
 #: the seconds of the settled plan's iterations :func:`settled_error` judges calibration's
-#: prediction on (as the sweep times the run's own iterations, ``benchmarks.m2flow_sweep``)
+#: prediction on (as the sweep times the run's own iterations, :mod:`.sweep`)
 SETTLED_WINDOW_S = 16.0
 #: ... of these many iterations at least (as the sweep's ``--iterations 2``)
 MIN_SETTLED = 2
@@ -193,31 +194,21 @@ def rounded(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def result_of(args: argparse.Namespace, argv: list[str] | None, runs: list[dict[str, Any]],
+def result_of(args: argparse.Namespace, recipe: str, overrides: list[str], runs: list[dict[str, Any]],
               errors: dict[str, Any] | None) -> dict[str, Any]:
     """What a trace reports: how it was run, each run (``runs``) and the spread of their errors."""
-    return {"benchmark": "iteration_trace", "command": command_of("iteration_trace", argv), "recipe": args.recipe,
-            "overrides": [*FIXED, *args.overrides], "fresh_cache": args.fresh_cache, "settled_s": args.settled_s,
-            "runs": runs, "errors": errors}
+    return {"mode": "trace", "recipe": recipe, "overrides": [*FIXED, *overrides], "fresh_cache": args.fresh_cache,
+            "settled_s": args.settled_s, "runs": runs, "errors": errors}
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("recipe")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides")
-    parser.add_argument("--out", type=Path, default=None, help="also write one JSON line per iteration here (the last run's)")
-    parser.add_argument("--runs", type=int, default=1, help="run the recipe this many times, one after another")
-    parser.add_argument("--fresh-cache", action="store_true",
-                        help="profile afresh in each run (a temporary $EMBODIED_CACHE each), as a first run of the recipe does")
-    parser.add_argument("--name", default=None, help="write every run's rows and errors to benchmarks/results/<name>.json")
-    parser.add_argument("--settled-s", type=float, default=None,
-                        help=f"stop each run once the settled plan ran this many seconds (e.g. {SETTLED_WINDOW_S:g}, the "
-                             "window its prediction is judged on), past the run's end where needed; default: at the run's end")
-    args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
-    _, data = load_recipe(args.recipe)
-    cfg = apply_overrides(EmbodiedConfig, data, [*FIXED, *args.overrides])
+def run(args: argparse.Namespace, argv: list[str] | None, recipe: str, overrides: list[str]) -> dict[str, Any]:
+    """Trace ``recipe`` with ``overrides`` ``args.runs`` times (``args.fresh_cache``: each in a
+    profile cache of its own; ``args.settled_s``: each until its settled plan ran that long),
+    printing each iteration and each run's settled window; write the result (and, with
+    ``args.jsonl``, the last run's rows, one JSON line each). What it returns also holds the last
+    run's rows and windows at its top level."""
+    _, data = load_recipe(recipe)
+    cfg = apply_overrides(EmbodiedConfig, data, [*FIXED, *overrides])
     runs = []
     for n in range(args.runs):
         if args.runs > 1:
@@ -247,8 +238,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"the prediction over the settled plan's first {held['iterations']} iterations: {held['predicted_s']:.3f} s "
                   f"predicted, {held['measured_s']:.3f} s measured ({100 * held['error']:+.1f}%)", flush=True)
         runs.append({"rows": rows, "calibrated": line, "window_spread": spread, "settled_error": held})
-    if args.out is not None:
-        args.out.write_text("".join(json.dumps(r) + "\n" for r in runs[-1]["rows"]))
+    if args.jsonl is not None:
+        Path(args.jsonl).write_text("".join(json.dumps(r) + "\n" for r in runs[-1]["rows"]))
     errors = [r["settled_error"]["error"] for r in runs if r["settled_error"] is not None]
     spread_all = spread_of_errors(errors) if errors else None
     if spread_all is not None and len(errors) > 1:
@@ -256,13 +247,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{100 * spread_all['median']:+.1f}%, mean {100 * spread_all['mean']:+.1f}%, sd {100 * spread_all['stdev']:.1f}%, "
               f"largest {100 * spread_all['largest']:.1f}%; {spread_all['runs_within']} of {len(errors)} within "
               f"{100 * spread_all['within']:.0f}%")
-    if args.name:  # seconds to 0.1 ms and factors to 0.001 in the committed JSON (thousands of rows)
-        saved = [{**r, "rows": [rounded(row) for row in r["rows"]]} for r in runs]
-        print(f"wrote {write_result(args.name, result_of(args, argv, saved, spread_all))}")
-    result = result_of(args, argv, runs, spread_all)
-    # one run: its rows and windows at the top level, as before
+    # seconds to 0.1 ms and factors to 0.001 in the written JSON (thousands of rows)
+    saved = [{**r, "rows": [rounded(row) for row in r["rows"]]} for r in runs]
+    save_result(result_path("m2flow_sweep", args, "trace"), "m2flow_sweep", argv,
+                result_of(args, recipe, overrides, saved, spread_all))
+    result = result_of(args, recipe, overrides, runs, spread_all)
     return {**result, "rows": runs[-1]["rows"], "window_spread": runs[-1]["window_spread"]}
-
-
-if __name__ == "__main__":
-    main()

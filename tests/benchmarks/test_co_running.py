@@ -16,7 +16,7 @@ import benchmarks.co_running as co_running
 def test_each_job_is_timed_alone_and_beside_every_other(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     result = co_running.main(["--recipe", "cartpole_ppo", "--envs", "4", "--calls", "5", "--repeats", "1", "--name", "quick"])
-    saved = json.loads((tmp_path / "quick.json").read_text())
+    saved = json.loads((tmp_path / "co_running_quick.json").read_text())
     assert saved["side_by_side_over_alone"] == result["side_by_side_over_alone"]
     assert set(result["alone_s"]) == {"env", "rollout", "stream.env", "stream.rollout", "matmul"}
     assert all(s > 0 for s in result["alone_s"].values())

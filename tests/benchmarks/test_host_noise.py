@@ -32,8 +32,8 @@ def test_cartpole_blocks_in_fresh_processes_simulate_the_same_physics(tmp_path, 
     assert [len(p) for p in result["processes"]] == [2, 2]
     assert result["summary"]["same_work"]  # a fixed seed and fixed actions: identical blocks
     assert all(b["wall_s"] > 0 and b["env_cpu_s"] > 0 and b["reference_s"] > 0 for p in result["processes"] for b in p)
-    stored = json.loads((tmp_path / "t.json").read_text())
-    assert stored["summary"] == result["summary"] and (tmp_path / "t.png").stat().st_size > 0
+    stored = json.loads((tmp_path / "host_noise_t.json").read_text())
+    assert stored["summary"] == result["summary"] and (tmp_path / "host_noise_t.png").stat().st_size > 0
     assert stored["command"].startswith("python -m benchmarks.host_noise --recipe cartpole_ppo")
 
 

@@ -9,7 +9,8 @@ import statistics
 import pytest
 
 import benchmarks.common as common
-import benchmarks.m2flow_sweep as sweep
+import benchmarks.m2flow_sweep as m2flow_sweep
+from benchmarks.m2flow_sweep import sweep
 from scheduler import Plan, PlanResult, Timeline
 
 
@@ -152,10 +153,9 @@ def test_early_ended_iterations_are_compared_per_full_iteration():
 def test_quick_sweep_measures_every_candidate_of_a_recipe(tmp_path, monkeypatch):
     monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(common, "RESULTS", tmp_path)
-    monkeypatch.setattr(sweep, "RESULTS", tmp_path)
     # one chunk at most: the placements of the table (colocated, hybrid, disaggregated), each built
     # and run once (the whole sweep's path, in ~1 min on 2 quiet cores)
-    out = sweep.main(["--quick", "--recipes", "cartpole_ppo", "--warmup", "0", "--max-chunks", "1", "algo.rollout_steps=8"])
+    out = m2flow_sweep.main(["--quick", "--recipes", "cartpole_ppo", "--warmup", "0", "--max-chunks", "1", "algo.rollout_steps=8"])
     (recipe,) = out["recipes"]
     rows = recipe["candidates"]
     assert sum(r["chosen"] for r in rows) == 1 and sum(r["sequential"] for r in rows) == 1
@@ -196,3 +196,38 @@ def test_quick_sweep_measures_every_candidate_of_a_recipe(tmp_path, monkeypatch)
         assert 0 < parts["rollout_s"] < r["measured_s"] and 0 < parts["train_s"] < r["measured_s"], parts
     saved = json.loads((tmp_path / "m2flow_sweep_quick.json").read_text())
     assert saved["table_md"].count("\n") == 2 and "(%+.1f%%)" % (100 * summary["run_error"]) in saved["table_md"] and (tmp_path / "m2flow_sweep_quick.png").stat().st_size > 0
+
+
+def test_each_mode_gets_its_recipes_overrides_and_result_name(monkeypatch, tmp_path):
+    """Positional words with ``=`` are overrides, the others recipes; each mode writes
+    ``m2flow_sweep[_<mode>][_<name>].json``; an option of another mode is an error."""
+    from benchmarks.m2flow_sweep import learning, trace
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    calls: list[tuple] = []
+    monkeypatch.setattr(sweep, "run", lambda args, argv: calls.append(("sweep", args, args.recipes)) or {})
+    monkeypatch.setattr(trace, "run", lambda args, argv, recipe, overrides: calls.append(("trace", args, recipe)) or {})
+    monkeypatch.setattr(learning, "run", lambda args, argv, recipe, overrides: calls.append(("learning", args, recipe)) or {})
+
+    m2flow_sweep.main(["cartpole_ppo", "--trace", "plan.max_chunks=2", "--runs", "3", "--settled-s", "16"])
+    mode, args, recipe = calls[-1]
+    assert (mode, recipe, args.overrides, args.runs, args.settled_s) == ("trace", "cartpole_ppo", ["plan.max_chunks=2"], 3, 16.0)
+    assert common.result_path("m2flow_sweep", args, "trace") == tmp_path / "m2flow_sweep_trace.json"
+    m2flow_sweep.main(["--learning", "--name", "epyc"])
+    mode, args, recipe = calls[-1]
+    assert (mode, recipe) == ("learning", learning.DEFAULT_RECIPE)
+    assert common.result_path("m2flow_sweep", args, "learning") == tmp_path / "m2flow_sweep_learning_epyc.json"
+    m2flow_sweep.main(["cartpole_ppo", "algo.epochs=1", "halfcheetah_ppo", "--rounds", "3"])
+    mode, args, recipes = calls[-1]
+    assert (mode, recipes, args.overrides, args.rounds) == ("sweep", ["cartpole_ppo", "halfcheetah_ppo"], ["algo.epochs=1"], 3)
+    assert common.result_path("m2flow_sweep", args) == tmp_path / "m2flow_sweep.json"
+    out = tmp_path / "elsewhere" / "sweep.json"
+    m2flow_sweep.main(["--quick", "--out", str(out)])
+    assert common.result_path("m2flow_sweep", calls[-1][1], "quick") == out
+    n = len(calls)
+    for wrong in (["--trace"], ["a", "b", "--trace"], ["cartpole_ppo", "--runs", "2"], ["--learning", "--quick"],
+                  ["a", "--trace", "--learning"], ["--rounds", "0"]):
+        with pytest.raises(SystemExit) as exit_:
+            m2flow_sweep.main(wrong)
+        assert exit_.value.code == 2, wrong
+    assert len(calls) == n

@@ -1,5 +1,6 @@
-"""The iteration trace (benchmarks/iteration_trace.py): every iteration of a real run against the
-prediction it logged, and how well windows of the settled plan's iterations know its time."""
+"""The M2Flow sweep's trace (``python -m benchmarks.m2flow_sweep RECIPE --trace``): every iteration
+of a real run against the prediction it logged, and how well windows of the settled plan's
+iterations know its time."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import os
 import pytest
 
 import benchmarks.common as common
-import benchmarks.iteration_trace as trace
+import benchmarks.m2flow_sweep as m2flow_sweep
+from benchmarks.m2flow_sweep import trace
 
 
 def test_window_spread_of_a_steady_plan_is_zero_and_of_a_slow_spell_is_its_share():
@@ -67,9 +69,10 @@ def test_the_errors_of_several_runs_are_summarised_with_how_many_hold():
 @pytest.mark.slow
 def test_a_run_is_traced_iteration_by_iteration(tmp_path, monkeypatch, ray_cluster):
     monkeypatch.setenv("EMBODIED_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
     out = tmp_path / "trace.jsonl"
-    result = trace.main(["cartpole_ppo", "algo.total_env_steps=4096", "algo.epochs=2", "plan.max_chunks=1",
-                         "plan.calibrate=0", "plan.learn=true", "--out", str(out)])
+    result = m2flow_sweep.main(["cartpole_ppo", "--trace", "algo.total_env_steps=4096", "algo.epochs=2", "plan.max_chunks=1",
+                                "plan.calibrate=0", "plan.learn=true", "--jsonl", str(out)])
     rows = result["rows"]
     assert [r["iteration"] for r in rows] == list(range(1, 17))  # 4096 steps of 8 envs x 32
     assert all(r["decisions"] == 32 and r["samples"] == 256 and r["iteration_s"] > 0 for r in rows)
@@ -97,8 +100,8 @@ def test_repeated_runs_each_profile_afresh_and_are_written_with_their_errors(tmp
     monkeypatch.setenv("EMBODIED_CACHE", str(cache))
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     # 8 iterations of 8 envs x 32 steps; each run goes on past them until 1.5 s of them ran
-    result = trace.main(["cartpole_ppo", "algo.total_env_steps=2048", "algo.epochs=1", "plan.max_chunks=1",
-                         "--runs", "2", "--fresh-cache", "--settled-s", "1.5", "--name", "trace_repeats"])
+    result = m2flow_sweep.main(["cartpole_ppo", "--trace", "algo.total_env_steps=2048", "algo.epochs=1", "plan.max_chunks=1",
+                                "--runs", "2", "--fresh-cache", "--settled-s", "1.5", "--name", "repeats"])
     assert len(result["runs"]) == 2
     for run in result["runs"]:
         n, seconds = trace.settled_s(run["rows"])
@@ -108,7 +111,8 @@ def test_repeated_runs_each_profile_afresh_and_are_written_with_their_errors(tmp
     # each run profiled in a cache of its own, gone after it: the user's cache untouched
     assert not cache.exists()
     assert os.environ["EMBODIED_CACHE"] == str(cache)
-    saved = json.loads((tmp_path / "trace_repeats.json").read_text())
-    assert saved["benchmark"] == "iteration_trace" and "--runs 2" in saved["command"] and len(saved["runs"]) == 2
+    saved = json.loads((tmp_path / "m2flow_sweep_trace_repeats.json").read_text())
+    assert saved["benchmark"] == "m2flow_sweep" and saved["mode"] == "trace" and len(saved["runs"]) == 2
+    assert saved["command"].startswith("python -m benchmarks.m2flow_sweep cartpole_ppo --trace") and "--runs 2" in saved["command"]
     assert saved["errors"] == pytest.approx(result["errors"]) and saved["machine"]["cpu_cores"] > 0
 
