@@ -254,9 +254,11 @@ def _init_wandb(
     resume: bool,
     resume_from: ResumePoint | None,
 ) -> Any:
+    mode = mode or os.environ.get("WANDB_MODE") or "offline"
+    if mode in OFFLINE_WANDB_MODES:
+        _wandb_stays_offline()
     import wandb as wb
 
-    mode = mode or os.environ.get("WANDB_MODE") or "offline"
     run_id = _wandb_id(run_dir)
     common = dict(
         project=project,
@@ -273,6 +275,28 @@ def _init_wandb(
             log.warning("wandb could not rewind run %s to step %d (%s); continuing it instead: wandb keeps the "
                         "values it has for the steps logged before the crash", run_id, resume_from.step + 1, err)
     return wb.init(id=run_id, resume="allow" if resume or resume_from is not None else None, **common)
+
+
+#: wandb modes that must not touch the network.
+OFFLINE_WANDB_MODES = ("offline", "dryrun", "disabled")
+
+
+def _wandb_stays_offline() -> None:
+    """Switch off what wandb sends on its own in an offline run of this process: its error reports
+    and usage telemetry. Without this, ``wandb.init(mode="offline")`` still asks the default server
+    (``api.forge.coreweave.com:443``) whether it accepts telemetry (the process-wide telemetry
+    recorder is made from the global settings, online unless ``WANDB_MODE`` says otherwise), and
+    its ``wandb-core`` service starts with error reporting (Sentry) on.
+    ``WANDB_ERROR_REPORTING=false`` turns both off (``wandb-core --no-observability``); it stays
+    set for the rest of the process."""
+    os.environ["WANDB_ERROR_REPORTING"] = "false"
+    try:
+        from wandb.analytics.opentelemetry import opentelemetry_proxy
+    except ImportError:  # another wandb version: the variable is its documented switch
+        return
+    disable = getattr(opentelemetry_proxy, "disable", None)
+    if callable(disable):
+        disable()
 
 
 def _wandb_id(run_dir: Path) -> str:
