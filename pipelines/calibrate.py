@@ -1,56 +1,24 @@
-"""Calibration: before a run settles on a plan, the planner's best candidates are measured in the pipeline.
+"""Calibration: the planner's best candidates measured in the pipeline before a run settles on a plan.
 
 The probes price each component alone. In the pipeline a component shares cores, channels and
 processes with its neighbours, and the runtime spends seconds of its own in every iteration
 (driver calls, weight sync, metrics) that no component's call accounts for. Calibration measures
-both on the run itself. The run's first iterations (real training iterations, logged as usual)
-run under the planner's candidates, the fastest predicted first; after the run's first iteration
-(a warm-up: resets, first calls), each candidate runs about :data:`MEASURE_S` seconds of
-iterations (the planner's choice, measured first and free, longer: :func:`choice_window_s`), and
-more while they spread (:func:`measured_enough`: until their median is known to
-:data:`TARGET_RSE`); a candidate is measured only while the budget holds
-:func:`iterations_for` its corrected price. Each measured plan gives
+both on the run's own first iterations, which are ordinary training iterations: after one warm-up
+iteration it measures the planner's choice, then each candidate whose price, corrected by what was
+measured, may still beat the best measured plan within the budget (``plan.calibrate``), then the
+choice again so that every plan is compared at the run's current pace. The run settles on the
+fastest measured plan, and that plan's measurement becomes the run's prediction.
 
-* its **factors**: measured / profiled seconds per call of every component under that plan (the
-  workflow's ``measured_factors``: the same calls, with the neighbours the plan gives them), and
-* its **residual**: the measured iteration minus the planner's prediction from the profile
-  rescaled by those factors, for that iteration's own shape (the runtime's own seconds per
-  iteration, paid once by every iteration however early an episodic one ended).
-
-A measured plan's price is its measurement; every other candidate is then priced again by the
-pure planner (:func:`scheduler.predict`) on the profile rescaled by measured factors, each component's from the measured plan that ran it most like the
-candidate does (beside the most alike neighbours: the components sharing its devices, then on as
-many devices, then on the same ones), plus the residual of the measured plan most like the
-candidate (same placement, else same mode, else the one measured first). The next candidate
-measured is the fastest by these corrected predictions, while one could still beat the best
-measured plan by the model (within ``plan.calibrate_margin``, :data:`MARGIN` by default) and the budget allows (``plan.calibrate``: the share of the run's
-iterations calibration may run under plans other than the planner's choice). Then the run settles on
-the fastest measured plan, whose prediction is its measured price (at the run's pace now: below).
-
-A run's iterations drift while they are measured: a policy that learns makes its simulation dearer
-(the default job's PushCube steps cost 8-54% more, 26% on average, under a policy that pushes the
-cube than under a fresh one), and this host's speed wanders. So when other plans were measured after the planner's
-choice, the run measures the choice again after them, before it settles (free while the choice is
-the fastest, as it would switch back to it anyway, and then as long as its first measurement; else
-as any candidate, within the budget), and brings every plan measured between to the pace of the run
-now: its time over the choice's where it ran, times the choice's latest (``Calibrator._bring_to_now``).
-A plan measured later is no longer taken for slower (or faster) because the run had slowed (or sped
-up) by then, and where the run settles on the choice its prediction is the price of its latest
-iterations. (Pricing every measurement on its latest 16 s instead of all its iterations was tried
-and dropped: on CartPole GRPO's noisy episodic iterations it left 5 of 8 runs within 15% of the next
-16 s, where all of them leave 15 of 16; docs/benchmarks.md.)
-
-Measuring the planner's choice costs the run nothing (it would run that plan anyway), so a run
-measures it whenever one measurement fits in the run, however small its share: CartPole GRPO's 25
-iterations left a share of 2, too few for any measurement, and its probe-based prediction, which
-leaves out the runtime's own seconds per iteration, missed by -22% (docs/benchmarks.md).
-``plan.calibrate=0`` turns calibration off: the run keeps the planner's choice and its probe-based
-prediction (re-planning on drift still applies).
+:class:`Calibrator` is a small state machine (:class:`Phase`, one transition in
+:meth:`Calibrator._transition`); the functions above it decide how long a measurement runs.
+docs/planner.md#calibration describes the method. ``plan.calibrate=0`` turns calibration off: the
+run keeps the planner's choice and its probe-based prediction.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import statistics
 from dataclasses import dataclass
@@ -61,40 +29,27 @@ from pipelines.replan import rescale
 from pipelines.workflow import Layout, Workflow
 from scheduler import Plan, PlanResult, Profile, predict
 
-#: a measured plan gets at least this many seconds of iterations (short iterations are noisy: this
-#: host's speed moves within seconds, and CartPole PPO calibrated on three iterations, 0.54 s, with
-#: the env's calls at 1.40x their probe, then ran 26% faster than so predicted; and this host runs
-#: a plan's CartPole iterations 25% faster or slower for a few seconds at a time: calibrations of
-#: 10 iterations, 1.2-1.6 s, missed the same plan's next 8 s by -12% to +13.5%; docs/benchmarks.md) ...
+#: the fewest seconds of iterations a plan is measured for: the host's speed moves within seconds,
+#: so a shorter window measures the moment rather than the plan
 MEASURE_S = 4.0
-#: ... and more while the median of its iterations is not yet known to this (relative standard
-#: error): on a host whose speed drifts, two iterations can sit 30% apart ...
+#: a measurement goes on until the median of its iterations is known to this relative standard
+#: error, so that iterations that spread widely are not taken at face value
 TARGET_RSE = 0.03
-#: ... within these many iterations
+#: the fewest iterations a measurement ends on (only once the budget is spent) and the most it takes
 MIN_ITERATIONS, MAX_ITERATIONS = 2, 30
-#: ... and the spread is judged from no fewer than these: two iterations that happen to agree
-#: within 4.6% (TARGET_RSE for two) say little about a host whose iterations spread 8-10%: a
-#: quarter to a third of such pairs agree by chance, and HalfCheetah's and PushCube GRPO's
-#: calibrations that stopped on two missed the plan's later time by -13.5% and +21%
-#: (docs/benchmarks.md). A run calibrates only when its budget holds one measurement of its
-#: plan (:func:`iterations_for`: this many iterations at least).
+#: the fewest iterations a measurement's spread is judged from (two that agree may agree by
+#: chance); a run calibrates only when it holds one measurement of this many
 MIN_SPREAD_ITERATIONS = 3
-#: a candidate is measured while its corrected prediction is below (1 + margin) x the best measured
-#: (``plan.calibrate_margin``; its default, written once, in the config)
+#: a candidate is measured while its corrected price is below (1 + margin) x the best measured
+#: plan's; the default is ``plan.calibrate_margin``'s, defined once in the config
 MARGIN = PlanConfig.calibrate_margin
-#: the planner's choice, whose measurement is free (the run would run it anyway) and whose price
-#: becomes the run's prediction, is measured longer: this host's speed wanders over tens of
-#: seconds, so a window's median pins a plan's time down slowly (one plan's CartPole PPO
-#: iterations over 130 s: 4 s windows spread 6.3% around their median, at most 17.5%; 8 s ones
-#: 4.0%; 16 s ones 2.4%, at most 4.6%; docs/benchmarks.md) ...
+#: seconds the planner's choice is measured for: its measurement is free and becomes the run's
+#: prediction, and a longer window pins a plan's time down against the host's slow drift
 CHOICE_MEASURE_S = 16.0
-#: ... within this share of the run's predicted seconds after the warm-up (a short run keeps
-#: :data:`MEASURE_S`: the candidates that may beat the choice are measured after it, and the plan
-#: it settles on should run most of the run) ...
+#: the most of the run's predicted seconds, and of its iterations, after the warm-up that the
+#: choice's longer window may take, so that the plan the run settles on runs most of the run
 CHOICE_SHARE = 0.25
-#: ... and of its iterations (a young GRPO policy's iterations are a fraction of the full ones the
-#: run's seconds are predicted in: 6 s of CartPole GRPO's took all of its 25 iterations), within
-#: these many; past them the choice is measured as any plan
+#: the most iterations the choice's longer window may take; past them it is measured as any plan
 CHOICE_MAX_ITERATIONS = 120
 
 
@@ -142,20 +97,13 @@ def measured_enough(times: list[float], budget_left: int, wall_s: float | None =
     seconds of them whose median is known to :data:`TARGET_RSE` (judged from
     :data:`MIN_SPREAD_ITERATIONS` at least, up to ``most`` iterations), or fewer (no fewer
     than :data:`MIN_ITERATIONS`) when calibration's budget has run out.
-    ``wall_s``: the seconds they took where ``times`` are other seconds (an episodic iteration that
-    ended early counted as the full one it stands for: a young CartPole GRPO policy's iterations
-    take a seventh of that, and two of them, 0.26 s, had passed for 0.5 s of measurement)."""
+    ``wall_s``: the seconds they took where ``times`` are other seconds (episodic iterations that
+    ended early, counted as the full ones they stand for: the window is the time they really took)."""
     n = len(times)
     if n >= most or (n >= MIN_ITERATIONS and budget_left <= 0):
         return True
     took = sum(times) if wall_s is None else wall_s
     return n >= MIN_SPREAD_ITERATIONS and took >= measure_s and relative_standard_error(times) <= TARGET_RSE
-
-
-def _neighbours(plan: Plan, component: str) -> frozenset[str]:
-    """The other components that share a device with ``component`` under ``plan``."""
-    mine = set(plan.placement[component])
-    return frozenset(c for c, devices in plan.placement.items() if c != component and mine & set(devices))
 
 
 def describe_plan(plan: Plan) -> str:
@@ -170,9 +118,8 @@ class Measurement:
     plan: Plan
     """The candidate as the planner priced it from the profile."""
     iteration_s: float
-    """Measured seconds of a full iteration: the simulation of a full one at the measured per-call
-    factors plus the residual (equal to the median measured iteration unless an episodic one ended
-    early: then what the full one it stands for takes)."""
+    """Measured seconds of a full iteration: its simulation at the measured per-call factors plus
+    the residual (the median measured iteration, unless episodic ones ended early)."""
     factors: dict[str, float]
     """Component -> median measured / profiled seconds per call under this plan."""
     residual_s: float
@@ -195,21 +142,70 @@ class Measurement:
         return (self.iterations[0] + self.iterations[-1]) / 2
 
 
+def bring_to_now(measured: dict[tuple, Measurement], again: Measurement) -> dict[tuple, Measurement]:
+    """``measured`` (plan key -> measurement, the planner's choice first) at the run's pace now,
+    once the choice was measured ``again`` after the others: a run's iterations drift (a learning
+    policy changes what its simulation costs; the host's speed wanders), so a plan measured later
+    would look slower or faster than it is. Each plan measured between is priced at its time over
+    the choice's where it ran (interpolated between the choice's two measurements) times
+    ``again``, which is the choice's own price."""
+    before = measured[again.plan.key()]
+    t0, t1 = before.middle(), again.middle()
+    now = {}
+    for key, m in measured.items():
+        if key == again.plan.key():
+            now[key] = again
+        else:
+            then = before.iteration_s + (again.iteration_s - before.iteration_s) * (m.middle() - t0) / (t1 - t0)
+            now[key] = m.scaled(again.iteration_s / then)
+    return now
+
+
+def _closest(measured: list[Measurement], plan: Plan) -> Measurement:
+    """The measurement whose conditions are most like ``plan``'s: itself, then the same
+    placement, then the same mode (the nearest chunk count), then the first measured."""
+
+    def likeness(m: Measurement) -> tuple:
+        match = (3 if m.plan.key() == plan.key() else 2 if m.plan.placement == plan.placement
+                 else 1 if m.plan.mode == plan.mode else 0)
+        return (match, -abs(m.plan.num_chunks - plan.num_chunks) if match else 0)
+
+    return max(measured, key=likeness)  # ties: the first measured
+
+
+def _ran_alike(measured: list[Measurement], plan: Plan, component: str) -> Measurement:
+    """The measurement that ran ``component`` most like ``plan`` does: the plan itself, else
+    the one whose neighbours of ``component`` (the components sharing its devices) overlap
+    most with ``plan``'s, then on as many devices, then on the same ones, then the nearest
+    chunk count."""
+    def neighbours_in(p: Plan) -> frozenset[str]:  # the other components sharing a device with it
+        return frozenset(c for c, on in p.placement.items() if c != component and set(on) & set(p.placement[component]))
+
+    devices, neighbours = plan.placement[component], neighbours_in(plan)
+
+    def likeness(m: Measurement) -> tuple:
+        theirs = neighbours_in(m.plan)
+        union = neighbours | theirs
+        overlap = len(neighbours & theirs) / len(union) if union else 1.0
+        return (m.plan.key() == plan.key(), overlap, len(m.plan.placement[component]) == len(devices),
+                m.plan.placement[component] == devices, -abs(m.plan.num_chunks - plan.num_chunks))
+
+    return max(measured, key=likeness)
+
+
 @dataclass(frozen=True)
 class Calibrated:
     """What calibration settled on: the plan (its prediction its price in ``compared``), the profile
-    rescaled by that plan's factors, every measurement (in the order measured: a plan measured
-    again, last, is there twice), each measured plan's price at the run's pace when it settled,
-    and each candidate's prices."""
+    rescaled by its factors, every measurement in the order taken (the choice twice when it was
+    measured again), each measured plan's price as compared, and each candidate's price."""
 
     plan: Plan
     profile: Profile
     measurements: tuple[Measurement, ...]
     compared: tuple[Measurement, ...]
     """One per measured plan, in the order first measured, as the run compared them: its
-    measurement, or, where the planner's choice was measured again after it, that measurement at
-    the pace of the run's latest iterations (:meth:`Calibrator._bring_to_now`; the choice's is its
-    latest). The plan settled on is the fastest of these."""
+    measurement, at the run's latest pace where the choice was measured again after it
+    (:func:`bring_to_now`). The plan settled on is the fastest of these."""
     predictions: tuple[tuple[Plan, float], ...]
     """Every candidate with its corrected prediction (fastest first; a measured plan's is its
     price in ``compared``)."""
@@ -235,62 +231,156 @@ class CalibrationStep:
     settled: Calibrated | None = None
 
 
+class Phase(enum.Enum):
+    """Where calibration stands: ``OFF`` (not started, ``plan.calibrate=0``, or a run too short for
+    one measurement), else ``WARM_UP -> CHOICE -> CANDIDATE* -> [AGAIN] -> SETTLED``."""
+
+    OFF = "off"
+    WARM_UP = "warm-up"  # the run's first iteration (resets, first calls): the choice runs, unmeasured
+    CHOICE = "choice"  # measuring the planner's choice: free (the run would run it anyway), over a longer window
+    CANDIDATE = "candidate"  # measuring a candidate that may beat the best measured plan, on the budget
+    AGAIN = "again"  # measuring the choice again after the others, so that all compare at one pace
+    SETTLED = "settled"  # done: the run keeps the fastest measured plan
+
+
+@dataclass(frozen=True)
+class State:
+    """A phase and the plan the run measures in it."""
+
+    phase: Phase
+    plan: Plan | None = None  # the plan the run runs in this phase (None: off, settled)
+    free: bool = False
+    """Whether its iterations cost the budget nothing: the choice, measured first or measured again
+    while it is the fastest measured plan (the run would switch back to it anyway)."""
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What :meth:`Calibrator.start` fixes for a run."""
+
+    profile: Profile
+    candidates: tuple[Plan, ...]  # distinct micro flows, the planner's choice first
+    choice: Plan
+    budget: int  # iterations that may run under plans other than the choice (plan.calibrate's share)
+    run_left: int  # the run's iterations after the warm-up: the most a free measurement may take
+
+
+_MEASURING = (Phase.CHOICE, Phase.CANDIDATE, Phase.AGAIN)
+
+
 class Calibrator:
     """Drives calibration over a run's first iterations (see the module docstring). ``share``:
     the most of the run's iterations calibration may take (``plan.calibrate``); ``margin``: how
     much dearer than the best measured plan a candidate's corrected price may be and still be
-    measured (``plan.calibrate_margin``)."""
+    measured (``plan.calibrate_margin``). It keeps its :class:`State`, the iterations of the
+    measurement in progress and every measurement taken; the budget spent, the prices as compared
+    and the candidates' ranking are derived from those."""
 
     def __init__(self, workflow: Workflow, share: float, margin: float = MARGIN) -> None:
         self.workflow = workflow
         self.share = share
         self.margin = margin
-        self.profile: Profile | None = None
-        self.candidates: list[Plan] = []
-        self.measured: dict[tuple, Measurement] = {}
-        self.current: Plan | None = None
-        self.first: Plan | None = None  # the planner's choice: measured first, at no cost to the budget
-        self.budget = 0  # iterations that may run under the other candidates ...
-        self.spent = 0  # ... and those that did
-        self.run_left = 0  # the run's iterations after the warm-up: the most the first measurement may take
-        self.choice_s = MEASURE_S  # the seconds the planner's choice is measured for (choice_window_s) ...
-        self.choice_n = 0  # ... within these many iterations (choice_iterations)
-        self.warmed = False
-        self.samples: list[tuple[int, dict[str, Any]]] = []
-        self.history: list[Measurement] = []  # every measurement, as measured, in order
-        self.active = False
-        self.ranked: list[tuple[Plan, float]] = []
-        self.ranked_after = -1  # the number of measurements self.ranked was priced with
+        self._run: _Run | None = None
+        self._state = State(Phase.OFF)
+        self._samples: list[tuple[int, dict[str, Any]]] = []  # the measurement in progress: (iteration, metrics)
+        self._history: list[tuple[Measurement, bool]] = []  # every measurement, in order, and whether it was free
+        self._ranking: tuple[int, list[tuple[Plan, float]]] | None = None  # (measurements priced with, ranking)
+
+    @property
+    def phase(self) -> Phase:
+        return self._state.phase
+
+    @property
+    def active(self) -> bool:
+        """Whether calibration still decides the run's plan (warming up or measuring)."""
+        return self._state.phase is Phase.WARM_UP or self._state.phase in _MEASURING
+
+    @property
+    def budget(self) -> int:
+        """Iterations calibration may run under plans other than the planner's choice."""
+        return self._run.budget if self._run is not None else 0
+
+    @property
+    def spent(self) -> int:
+        """Iterations run so far on the budget (under plans other than the choice, or the choice
+        measured again as one more candidate)."""
+        paid = sum(len(m.iterations) for m, free in self._history if not free)
+        return paid + (0 if self._state.free else len(self._samples))
+
+    @property
+    def choice_s(self) -> float:
+        """Seconds of iterations the planner's choice is measured for (:func:`choice_window_s`)."""
+        run = self._run
+        return choice_window_s(run.choice.predicted_iteration_s, run.run_left) if run is not None else MEASURE_S
+
+    @property
+    def choice_n(self) -> int:
+        """The iterations the choice's longer window may take (:func:`choice_iterations`)."""
+        return choice_iterations(self._run.run_left) if self._run is not None else 0
 
     def start(self, result: PlanResult, profile: Profile, iterations_left: int) -> None:
         """Calibrate among ``result``'s candidates (the distinct micro flows, fastest predicted
         first; the planner's choice first of all) within ``share`` of ``iterations_left``."""
-        self.profile = profile
         seen: dict[tuple, Plan] = {result.best.key(): result.best}
         for plan, _ in result.candidates:
             seen.setdefault(plan.key(), plan)
-        self.candidates = list(seen.values())
-        self.measured.clear()
-        self.samples.clear()
-        self.history.clear()
-        self.ranked_after = -1
-        self.current = self.first = result.best
-        self.budget = int(self.share * iterations_left)
-        self.spent = 0
-        self.run_left = iterations_left - 1
-        self.choice_s = choice_window_s(result.best.predicted_iteration_s, self.run_left)
-        self.choice_n = choice_iterations(self.run_left)
-        self.warmed = False
-        self.active = self.share > 0 and self.run_left >= iterations_for(result.best.predicted_iteration_s)
+        self._run = _Run(profile, tuple(seen.values()), result.best, int(self.share * iterations_left),
+                         iterations_left - 1)
+        self._samples, self._history, self._ranking = [], [], None
+        fits = self.share > 0 and self._run.run_left >= iterations_for(result.best.predicted_iteration_s)
+        self._state = State(Phase.WARM_UP, result.best, free=True) if fits else State(Phase.OFF)
+
+    def observe(self, iteration: int, metrics: dict[str, Any], layout: Layout) -> CalibrationStep | None:
+        """Record iteration ``iteration`` (1-based, run under ``layout``); returns the layout to
+        run next when this iteration completed a measurement (None: go on as is)."""
+        state = self._state
+        if state.phase in _MEASURING:
+            if metrics.get("time/train_s") is None:  # nothing trained (staleness 1's first collection)
+                return None
+            assert state.plan is not None and layout.plan.key() == state.plan.key()
+            self._samples.append((iteration, metrics))
+            if not self._complete():
+                return None
+            self._history.append((self._measure(state.plan, layout, self._samples), state.free))
+            self._samples = []
+        elif state.phase is not Phase.WARM_UP:
+            return None
+        self._state = self._transition()
+        if state.phase is Phase.WARM_UP:  # the choice runs on, now measured
+            return None
+        if self._state.phase is Phase.SETTLED:
+            settled = self._settle()
+            return CalibrationStep(self.workflow.layout_of(settled.plan), settled)
+        assert self._state.plan is not None
+        return CalibrationStep(self.workflow.layout_of(self._state.plan))
+
+    def _transition(self) -> State:
+        """The state after the current one ends (the warm-up after its iteration, a measurement
+        once :meth:`_complete`): the choice after the warm-up; then the next candidate that may
+        beat the best measured plan within the budget; then, when others were measured, the choice
+        again where one measurement of it fits (free while it is the fastest); then settled."""
+        run = self._started()
+        phase = self._state.phase
+        if phase is Phase.WARM_UP:
+            return State(Phase.CHOICE, run.choice, free=True)
+        if phase is Phase.AGAIN:
+            return State(Phase.SETTLED)
+        candidate = self._next_candidate()
+        if candidate is not None:
+            return State(Phase.CANDIDATE, candidate)
+        if len(self._history) > 1:
+            prices = self._prices()
+            choice_s = prices[run.choice.key()].iteration_s
+            free = choice_s <= min(m.iteration_s for m in prices.values())
+            if iterations_for(choice_s) <= self._left(free):
+                return State(Phase.AGAIN, run.choice, free)
+        return State(Phase.SETTLED)
 
     def corrected(self, plan: Plan) -> float | None:
         """``plan``'s predicted seconds per iteration corrected by the measurements: a measured
-        plan's price as compared (its measurement, at the run's pace now where the choice was
-        measured again after it: the price it is settled on, to the last digit); any other plan
-        re-simulated with each component's factor from the measured plan that ran it most like
-        ``plan`` does and the runtime residual from the measured plan most like ``plan`` (None
-        before any plan is measured)."""
-        measured = self.measured.get(plan.key())
+        plan's price as compared (the price it is settled on, to the last digit); any other plan
+        re-simulated with :meth:`correction` (None before any plan is measured)."""
+        measured = self._prices().get(plan.key())
         if measured is not None:
             return measured.iteration_s
         correction = self.correction(plan)
@@ -303,117 +393,61 @@ class Calibrator:
         """What :meth:`corrected` prices ``plan`` with: each component's per-call factor (from the
         measured plan that ran it most like ``plan`` does) and the runtime's seconds per iteration
         (from the measured plan most like ``plan``); None before any plan is measured."""
-        model = self._closest(plan)
-        if model is None:
+        measured = list(self._prices().values())
+        if not measured:
             return None
-        factors = {}
-        for component in plan.placement:
-            source = self._ran_alike(plan, component)
-            if component in source.factors:
-                factors[component] = source.factors[component]
-        return factors, model.residual_s
-
-    def observe(self, iteration: int, metrics: dict[str, Any], layout: Layout) -> CalibrationStep | None:
-        """Record iteration ``iteration`` (1-based, run under ``layout``); returns the layout to
-        run next when this iteration completed a measurement (None: go on as is)."""
-        if not self.active:
-            return None
-        if not self.warmed:
-            self.warmed = True  # the run's first iteration: resets and first calls
-            return None
-        if metrics.get("time/train_s") is None:  # nothing trained (staleness 1's first collection)
-            return None
-        assert self.current is not None and self.first is not None and layout.plan.key() == self.current.key()
-        self.samples.append((iteration, metrics))
-        full = [self._full_s(self.current, m) for _, m in self.samples]
-        took = sum(m["time/iteration_s"] for _, m in self.samples)
-        # the plan the run would run anyway (the planner's choice, measured first or measured again
-        # last while it is the fastest) costs the budget nothing: while the run lasts ...
-        on_choice = self.current.key() == self.first.key()
-        again = on_choice and self.first.key() in self.measured
-        free = on_choice and (not again or self._choice_fastest())
-        if free:
-            left, n = self.run_left - self._used(), len(self.samples)
-            enough = measured_enough(full, left, took, MEASURE_S, max(MAX_ITERATIONS, self.choice_n))
-            # ... and longer: towards choice_s seconds, within choice_n iterations
-            enough = enough and (took >= self.choice_s or n >= self.choice_n or left <= 0)
-        else:
-            self.spent += 1
-            enough = measured_enough(full, self.budget - self.spent, took)
-        if not enough:
-            return None
-        measurement = self._measure(self.current, layout, self.samples)
-        self.history.append(measurement)
-        self.samples = []
-        if again:
-            self._bring_to_now(self.measured[self.current.key()], measurement)
-            return self._settled()
-        self.measured[self.current.key()] = measurement
-        following = self._next()
-        if following is not None:
-            self.current = following
-            return CalibrationStep(self.workflow.layout_of(following))
-        if len(self.measured) > 1:
-            # the others were measured after the choice: the choice is measured again, last, so
-            # that they are compared at one pace (see _bring_to_now). While it is the fastest this
-            # is free (the run would switch back to it anyway) and as long as its first
-            # measurement; else it is one more candidate's measurement, within the budget.
-            choice = self.measured[self.first.key()]
-            room = (self.run_left - self._used()) if self._choice_fastest() else (self.budget - self.spent)
-            if iterations_for(choice.iteration_s) <= room:
-                self.current = self.first
-                return CalibrationStep(self.workflow.layout_of(self.first))
-        return self._settled()
+        sources = {component: _ran_alike(measured, plan, component) for component in plan.placement}
+        factors = {component: m.factors[component] for component, m in sources.items() if component in m.factors}
+        return factors, _closest(measured, plan).residual_s
 
     # --- internals ---------------------------------------------------------------------------------
+    def _started(self) -> _Run:
+        assert self._run is not None, "Calibrator.start() first"
+        return self._run
+
+    def _prices(self) -> dict[tuple, Measurement]:
+        """Each measured plan's measurement as the run compares them, in the order first measured:
+        as measured, or, once the choice was measured again, at the run's pace now (:func:`bring_to_now`)."""
+        measured: dict[tuple, Measurement] = {}
+        for m, _ in self._history:
+            measured.setdefault(m.plan.key(), m)
+        if len(self._history) > len(measured):  # the choice, measured again last
+            return bring_to_now(measured, self._history[-1][0])
+        return measured
+
+    def _left(self, free: bool) -> int:
+        """Iterations still open to a measurement: the run's where it is free, else the budget's."""
+        if not free:
+            return self.budget - self.spent
+        return self._started().run_left - sum(len(m.iterations) for m, _ in self._history) - len(self._samples)
+
+    def _complete(self) -> bool:
+        """Whether the iterations measured so far under the current plan complete its measurement:
+        a free one goes on towards the choice's longer window (:attr:`choice_s`, :attr:`choice_n`)."""
+        plan, free = self._state.plan, self._state.free
+        assert plan is not None
+        full = [self._full_s(plan, m) for _, m in self._samples]
+        took = sum(m["time/iteration_s"] for _, m in self._samples)
+        left = self._left(free)
+        if not free:
+            return measured_enough(full, left, took)
+        return (measured_enough(full, left, took, MEASURE_S, max(MAX_ITERATIONS, self.choice_n))
+                and (took >= self.choice_s or len(self._samples) >= self.choice_n or left <= 0))
+
     def _predict(self, plan: Plan, factors: dict[str, float], metrics: dict[str, Any] | None = None) -> float:
         """``plan``'s simulated seconds at the per-call ``factors``: of a full iteration, or with
         ``metrics`` of the iteration they describe (an episodic one may end early)."""
-        assert self.profile is not None
-        seconds, _ = predict(plan, rescale(self.profile, factors), self.workflow.macro_flow(metrics),
+        seconds, _ = predict(plan, rescale(self._started().profile, factors), self.workflow.macro_flow(metrics),
                              self.workflow.resources())
         return seconds
 
-    def _used(self) -> int:
-        """The iterations measured so far, under every plan."""
-        return sum(len(m.iterations) for m in self.history) + len(self.samples)
-
-    def _choice_fastest(self) -> bool:
-        """Whether the planner's choice is the fastest plan measured (then measuring it again is free)."""
-        choice = self.measured[self.first.key()]
-        return choice.iteration_s <= min(m.iteration_s for m in self.measured.values())
-
-    def _settled(self) -> CalibrationStep:
-        self.active = False
-        settled = self._settle()
-        return CalibrationStep(self.workflow.layout_of(settled.plan), settled)
-
-    def _bring_to_now(self, before: Measurement, again: Measurement) -> None:
-        """The planner's choice, measured first (``before``) and ``again`` after the others,
-        brackets them: the run's iterations drift as they go (a policy that learns to push the cube
-        makes the default job's simulation 8-54% dearer per step; a host whose speed wanders), and
-        a plan measured later looks slower (or faster) for it. Each plan measured between is priced
-        at the pace of the run now: its time over the choice's where it ran (interpolated between
-        ``before`` and ``again``), times ``again``. The choice's price is ``again``: its latest
-        iterations."""
-        t0, t1 = before.middle(), again.middle()
-        for key, m in self.measured.items():
-            if key != again.plan.key():
-                then = before.iteration_s + (again.iteration_s - before.iteration_s) * (m.middle() - t0) / (t1 - t0)
-                self.measured[key] = m.scaled(again.iteration_s / then)
-        self.measured[again.plan.key()] = again
-        self.ranked_after = -1  # the prices changed: rank again
-
     def _measure(self, plan: Plan, layout: Layout, samples: list[tuple[int, dict[str, Any]]]) -> Measurement:
-        assert self.profile is not None
-        per_call = [self.workflow.measured_factors(self.profile, layout, m) for _, m in samples]
+        profile = self._started().profile
+        per_call = [self.workflow.measured_factors(profile, layout, m) for _, m in samples]
         names = sorted({n for f in per_call for n in f})
         factors = {n: statistics.median(f[n] for f in per_call if n in f) for n in names}
-        # the runtime's own seconds: what each iteration took beyond the simulation of its own
-        # shape at the measured per-call costs. Every iteration pays them, however early an
-        # episodic one ended (driver calls, weight sync, metrics): a young GRPO policy's iterations
-        # are a fifth of a full one, and their residual counted as a fifth of a full one's had
-        # priced CartPole GRPO's later iterations 22-24% above what they took.
+        # the runtime's own seconds (driver calls, weight sync, metrics): what each iteration took
+        # beyond the simulation of its own shape; paid once per iteration however early it ended
         residual = statistics.median(m["time/iteration_s"] - self._predict(plan, factors, m) for _, m in samples)
         seconds = self._predict(plan, factors) + residual
         return Measurement(plan, seconds, factors, residual, tuple(i for i, _ in samples))
@@ -423,76 +457,49 @@ class Calibrator:
         ended early (a young policy's short episodes) scaled by the simulations of both shapes, so
         that a measurement's iterations, which lengthen as the policy learns, do not look spread
         to :func:`measured_enough` (the plans themselves compare by :attr:`Measurement.iteration_s`)."""
-        assert self.profile is not None
-        return metrics["time/iteration_s"] / self.workflow.shape_scale(plan, self.profile, metrics)
-
-    def _closest(self, plan: Plan) -> Measurement | None:
-        """The measurement whose conditions are most like ``plan``'s: itself, then the same
-        placement, then the same mode, then the first measured."""
-        if not self.measured:
-            return None
-
-        def likeness(m: Measurement) -> tuple:
-            match = (3 if m.plan.key() == plan.key() else 2 if m.plan.placement == plan.placement
-                     else 1 if m.plan.mode == plan.mode else 0)
-            return (match, -abs(m.plan.num_chunks - plan.num_chunks) if match else 0)
-
-        return max(self.measured.values(), key=likeness)  # ties: the first measured
-
-    def _ran_alike(self, plan: Plan, component: str) -> Measurement:
-        """The measurement that ran ``component`` most like ``plan`` does: the plan itself, else
-        the one whose neighbours of ``component`` (the components sharing its devices) overlap
-        most with ``plan``'s, then on as many devices, then on the same ones, then the nearest
-        chunk count."""
-        devices, neighbours = plan.placement[component], _neighbours(plan, component)
-
-        def likeness(m: Measurement) -> tuple:
-            theirs = _neighbours(m.plan, component)
-            union = neighbours | theirs
-            overlap = len(neighbours & theirs) / len(union) if union else 1.0
-            return (m.plan.key() == plan.key(), overlap, len(m.plan.placement[component]) == len(devices),
-                    m.plan.placement[component] == devices, -abs(m.plan.num_chunks - plan.num_chunks))
-
-        return max(self.measured.values(), key=likeness)
+        return metrics["time/iteration_s"] / self.workflow.shape_scale(plan, self._started().profile, metrics)
 
     def _ranked(self) -> list[tuple[Plan, float]]:
         """The candidates by corrected price, fastest first (priced once per new measurement: a
         long iteration's simulation is not free)."""
-        if self.ranked_after != len(self.measured):
-            priced = [(p, self.corrected(p)) for p in self.candidates]
-            self.ranked = sorted(((p, s) for p, s in priced if s is not None), key=lambda ps: ps[1])
-            self.ranked_after = len(self.measured)
-        return self.ranked
+        if self._ranking is None or self._ranking[0] != len(self._history):
+            priced = [(p, self.corrected(p)) for p in self._started().candidates]
+            ranked = sorted(((p, s) for p, s in priced if s is not None), key=lambda ps: ps[1])
+            self._ranking = (len(self._history), ranked)
+        return self._ranking[1]
 
-    def _next(self) -> Plan | None:
-        best = min(m.iteration_s for m in self.measured.values())
-        left = self.budget - self.spent
+    def _next_candidate(self) -> Plan | None:
+        """The fastest unmeasured candidate by corrected price while it may beat the best measured
+        plan (within the margin) and one measurement of it fits the budget."""
+        prices = self._prices()
+        best = min(m.iteration_s for m in prices.values())
+        left = self._left(False)
         for plan, seconds in self._ranked():
             if seconds >= best * (1 + self.margin):
                 return None
-            if plan.key() not in self.measured and iterations_for(seconds) <= left:
+            if plan.key() not in prices and iterations_for(seconds) <= left:
                 return plan
         return None
 
     def _settle(self) -> Calibrated:
-        assert self.profile is not None
-        ranked = self._ranked()
-        best = min(self.measured.values(), key=lambda m: m.iteration_s)
+        profile, ranked, prices = self._started().profile, self._ranked(), self._prices()
+        history = [m for m, _ in self._history]
+        best = min(prices.values(), key=lambda m: m.iteration_s)
         # its price as compared: its measurement (at the run's pace now where the choice was
         # measured again after it; re-simulating the scaled factors would not scale the seconds
-        # no factor covers, and put the prediction a few tenths of a percent off its own price)
+        # no factor covers, and put the prediction slightly off its own price)
         plan = dataclasses.replace(best.plan, predicted_iteration_s=best.iteration_s)
-        first = min(i for m in self.history for i in m.iterations)
-        last = max(i for m in self.history for i in m.iterations)
+        first = min(i for m in history for i in m.iterations)
+        last = max(i for m in history for i in m.iterations)
         runs = ", ".join(f"{describe_plan(m.plan)} {m.iteration_s:.3f} s (profiled {m.plan.predicted_iteration_s:.3f})"
-                         for m in self.history)
+                         for m in history)
         again = ""
-        if len(self.history) > len(self.measured):  # one plan was measured again: the others priced at its pace now
-            now = {k: f"{describe_plan(m.plan)} {m.iteration_s:.3f} s" for k, m in self.measured.items() if k != self.history[-1].plan.key()}
-            again = f"; measured again last, the others at its pace now: {', '.join(now.values())}"
+        if len(history) > len(prices):  # one plan was measured again: the others priced at its pace now
+            now = [f"{describe_plan(m.plan)} {m.iteration_s:.3f} s" for k, m in prices.items() if k != history[-1].plan.key()]
+            again = f"; measured again last, the others at its pace now: {', '.join(now)}"
         factors = ", ".join(f"{n} {f:.2f}x" for n, f in best.factors.items())
         reason = (f"calibrated on iterations {first}-{last}: {runs}{again}; chosen {describe_plan(plan)}, predicted "
                   f"{plan.predicted_iteration_s:.3f} s/iteration (measured/profiled per call: {factors}; runtime "
                   f"{best.residual_s:+.3f} s/iteration)")
-        return Calibrated(plan, rescale(self.profile, best.factors), tuple(self.history), tuple(self.measured.values()),
+        return Calibrated(plan, rescale(profile, best.factors), tuple(history), tuple(prices.values()),
                           tuple(ranked), reason)

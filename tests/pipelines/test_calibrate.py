@@ -16,7 +16,7 @@ import pytest
 from embodied.config import apply_overrides
 from embodied.errors import ConfigError
 from pipelines.calibrate import (CHOICE_MAX_ITERATIONS, CHOICE_MEASURE_S, MARGIN, MAX_ITERATIONS, MEASURE_S, TARGET_RSE,
-                                 Calibrator, choice_iterations, choice_window_s, iterations_for, measured_enough, relative_standard_error)
+                                 Calibrator, Phase, choice_iterations, choice_window_s, iterations_for, measured_enough, relative_standard_error)
 from pipelines.config import EmbodiedConfig
 from pipelines.onpolicy.workflow import EmbodiedWorkflow
 from pipelines.replan import rescale
@@ -191,7 +191,7 @@ def test_calibration_spends_at_most_its_share_and_is_off_at_zero():
 
 
 def test_a_run_whose_share_holds_no_other_plan_still_measures_the_choice():
-    """CartPole GRPO's 25 iterations give a share of 0.1 two iterations: too few for another plan,
+    """A 25-iteration run with a share of 0.1 has two iterations of budget: too few for another plan,
     but measuring the planner's choice is free (the run would run it anyway). The run measures it
     within its iterations and settles on it, priced with what the probes leave out (its neighbours'
     slowdown, the runtime's own seconds per iteration)."""
@@ -353,7 +353,7 @@ def test_episodic_iterations_that_grow_are_measured_as_full_ones():
 
 
 def test_a_measurement_goes_on_while_its_iterations_spread():
-    """Two iterations 5.7 and 8.2 s apart (the default job on a host whose speed drifts) do not
+    """Two iterations 5.7 and 8.2 s apart (a host whose speed drifts) do not
     pin the plan's time down: calibration measures more, until their median is known to
     TARGET_RSE, the budget runs out or MAX_ITERATIONS are measured; one outlier among steady
     iterations does not hold it up."""
@@ -428,7 +428,7 @@ def test_the_runtime_residual_is_paid_per_iteration_however_early_it_ended():
             priced = dataclasses.replace(candidate, predicted_iteration_s=seconds)
             assert workflow.predicted_as_ran(priced, rescale(profile, factors), shape) == pytest.approx(
                 pipeline.iteration_s(candidate, shape))
-    # counted as a share of a full iteration (the old pricing) the 3-decision iteration's residual
+    # counted as a share of a full iteration instead, the 3-decision iteration's residual
     # would have weighed in the full one's prediction several times over
     short = {"rollout/decisions": 3.0, "charts/samples": 24}
     proportional = pipeline.iteration_s(plan, short) / workflow.shape_scale(plan, settled.profile, short)
@@ -437,7 +437,7 @@ def test_the_runtime_residual_is_paid_per_iteration_however_early_it_ended():
 
 class DriftingPipeline(Pipeline):
     """Every iteration ``growth`` dearer than the one before, under every plan alike (a policy
-    that learns to push the cube makes the default job's simulation dearer per step; a host that
+    that learns to push the cube makes its simulation dearer per step; a host that
     slows): iteration i runs at ``pace(i) = 1 + growth * i`` times the plan's time."""
 
     def __init__(self, *args, growth: float, **kwargs) -> None:
@@ -488,6 +488,35 @@ def test_the_choice_is_measured_again_last_and_the_others_compared_at_its_pace()
     assert all(prices[m.plan.key()] == m.iteration_s for m in settled.compared)
     # the re-measurement cost the budget nothing: only the plans between spent it
     assert calibrator.spent == sum(len(m.iterations) for m in between) == sum(p.key() != result.best.key() for p in runs)
+
+
+def test_calibration_moves_through_its_phases_in_order():
+    """Off until started; then the warm-up iteration, the planner's choice, the candidates that may
+    beat it, the choice again, and settled, where it stays; each phase change but the warm-up's
+    hands the runner a layout, the choice's phases the choice's."""
+    workflow, profile = _workflow("cluster.backend=local"), _profile()
+    result = workflow.plan(profile)
+    pipeline = DriftingPipeline(workflow, profile, {"colocated": {"env": 0.9}}, runtime_s=0.0, growth=0.01)
+    calibrator = Calibrator(workflow, share=0.5)
+    assert calibrator.phase is Phase.OFF and not calibrator.active
+    calibrator.start(result, profile, iterations_left=1000)
+    assert calibrator.phase is Phase.WARM_UP and calibrator.active
+    phases, layout = [Phase.WARM_UP], workflow.layout_of(result.best)
+    for iteration in range(1, 1000):
+        step = calibrator.observe(iteration, pipeline.run(layout), layout)
+        if calibrator.phase is not phases[-1]:
+            phases.append(calibrator.phase)
+            assert (step is None) == (phases[-2] is Phase.WARM_UP)
+        if step is not None:
+            layout = step.layout
+            if calibrator.phase in (Phase.CHOICE, Phase.AGAIN):
+                assert layout.plan.key() == result.best.key()
+        if calibrator.phase is Phase.SETTLED:
+            assert step is not None and step.settled is not None and not calibrator.active
+            break
+    assert phases[:2] == [Phase.WARM_UP, Phase.CHOICE] and phases[-2:] == [Phase.AGAIN, Phase.SETTLED]
+    assert set(phases[2:-2]) == {Phase.CANDIDATE}
+    assert calibrator.observe(iteration + 1, pipeline.run(layout), layout) is None and calibrator.phase is Phase.SETTLED
 
 
 def test_a_plan_that_looks_faster_only_because_the_run_sped_up_is_not_chosen():
