@@ -6,13 +6,12 @@ RECIPE ?=
 ARGS ?=
 PYTEST_ARGS ?=
 # pytest workers: one per core. Each test waits on Ray, simulators and subprocesses for part of its
-# time, so two workers keep both cores 93-97% busy (measured from /proc/stat through a run) and
-# finish in about half the time of one (JOBS=1: one process, in collection order)
+# time, so one worker per core keeps the cores busy (JOBS=1: one process, in collection order)
 JOBS ?= 2
 # `make test` leaves out what `make test-learning` runs: learning demonstrations of several minutes
 # (the tiny VLA's PPO, the tiny reasoning model's GRPO), and what `make test-exhaustive` runs: every
-# task of ManiSkill's registry built and stepped (76 s alone, 135 s beside the rest), which would
-# take the suite past its 30 minutes on a slow host (CI took 1823 s with it; MARKS= : all)
+# task of ManiSkill's registry built and stepped, minutes of work that would take the suite past
+# its 30-minute limit on a slow host (MARKS= : all)
 MARKS ?= not long_learning and not exhaustive
 
 .PHONY: train test test-heavy test-learning test-exhaustive setup setup-train bench lint clean
@@ -33,12 +32,12 @@ test: setup
 test-heavy: setup
 	$(VENV)/bin/python -m pytest -n $(JOBS) --dist loadgroup -m "heavy and $(MARKS)" $(PYTEST_ARGS)
 
-# only the long learning demonstrations (a behaviour-cloned tiny OpenVLA raised by PPO, ~9 min; the tiny
-# reasoning model raised by GRPO, ~3 min)
+# only the long learning demonstrations (a behaviour-cloned tiny OpenVLA raised by PPO; the tiny
+# reasoning model raised by GRPO): minutes each
 test-learning: setup
 	$(VENV)/bin/python -m pytest -n $(JOBS) --dist loadgroup -m long_learning $(PYTEST_ARGS)
 
-# only the registry-wide checks (every ManiSkill task builds and steps, or says what it lacks; ~1.5 min)
+# only the registry-wide checks (every ManiSkill task builds and steps, or says what it lacks)
 test-exhaustive: setup
 	$(VENV)/bin/python -m pytest -n $(JOBS) --dist loadgroup -m exhaustive $(PYTEST_ARGS)
 

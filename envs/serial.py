@@ -211,9 +211,8 @@ class SerialVecEnv(VecEnv):
 
         The hot loop of both backends on CPU: plain Python lists and counters, final observations
         and episode stats filled only when an episode ends, observation rows assigned in place.
-        Beyond the envs' own steps it costs ~0.55 us per env and ~5 us per call with a trivial env;
-        after a simulator step that evicts the caches (a ManiSkill step, ~0.7 ms) the same lines
-        take several microseconds per env, ~1-2% of that step.
+        Beyond the envs' own steps it costs microseconds per env, a small share of any real
+        simulator's step (even one that evicts the caches, as a ManiSkill step does).
         """
         n = self.num_envs
         size = n * c

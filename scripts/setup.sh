@@ -11,8 +11,8 @@
 # `pip install` drags a multi-GB CUDA build onto a CPU machine.
 #
 # The installer is uv (installed into the venv with pip) where it installs: it resolves, downloads,
-# unpacks and byte-compiles in parallel, and a fresh full setup takes ~1 minute instead of pip's
-# ~3.5 on 2 cores, with the same versions (measured: identical `pip freeze`). uv does not read pip's
+# unpacks and byte-compiles in parallel, so a fresh setup takes a fraction of pip's time and installs
+# the same versions. uv does not read pip's
 # configuration, so the index, extra indexes, find-links and constraints pip is configured with
 # (`pip config list`, PIP_* variables) are passed to it, and it picks the best version across all
 # indexes as pip does. EMBODIED_INSTALLER=pip forces pip; pip is also the fallback when uv cannot

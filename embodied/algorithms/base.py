@@ -286,8 +286,8 @@ class _Meter:
     which already are its share of a minibatch total (losses aggregated with the minibatch's
     counts) and add up. A step's statistics are stacked into one tensor and stay on the device
     until :meth:`means` (on a GPU each read would be a synchronization); the step's host numbers
-    (the gradient norm) stay Python numbers. Per step this costs one or two tensor ops: with a
-    small policy on a CPU, an update is ~300 optimizer steps whose own ops take ~1 ms each."""
+    (the gradient norm) stay Python numbers. Per step this costs one or two tensor ops, which
+    matters where a small policy's update is hundreds of cheap optimizer steps on a CPU."""
 
     def __init__(self, summed: frozenset[str] = frozenset()) -> None:
         self.summed = summed

@@ -11,7 +11,7 @@ Pixel observations (``env.obs_mode`` ``rgb`` or ``state+rgb``): the env renders 
 render offscreen through EGL (``MUJOCO_GL=egl``, Debian package ``libegl1``) or OSMesa
 (``libosmesa6``); the first one present is chosen when ``MUJOCO_GL`` is unset. Shadows,
 reflections and the skybox are switched off for pixel observations: with a software renderer they
-cost ~20x the frame rate and add nothing a policy needs.
+cost most of a frame's time and add nothing a policy needs.
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ class PixelObservation(gym.ObservationWrapper):
         return np.ascontiguousarray(frame[..., :3], dtype=np.uint8)
 
     def _tune_mujoco_viewer(self) -> None:
-        # Shadows, reflections and skybox cost ~20x the frame rate of a software renderer.
+        # Shadows, reflections and skybox cost a software renderer most of a frame's time.
         import mujoco
 
         self._viewer_tuned = True

@@ -45,16 +45,16 @@ family's). Instructions (``VecEnv.instructions``): the five standard suites use 
 language (the wording of the LIBERO datasets and of the VLAs trained on them); other suites use
 their BDDL file's ``(:language ...)``, where LIBERO-PRO writes its perturbed instructions.
 
-Rendering costs most on CPU (llvmpipe: ~170 ms CPU per agentview frame, ~120 ms per wrist frame,
-whatever the size, because of the scenes' shadows; a step without cameras ~20 ms). The defaults
+Rendering costs most on CPU (llvmpipe: a camera frame costs several times a step without cameras,
+whatever the size, because of the scenes' shadows). The defaults
 render exactly as LIBERO's datasets; ``env.kwargs`` trade that for speed:
 
 * ``obs_mode=state`` builds no renderer at all (``render=True`` keeps one for ``render()``/videos);
 * ``wrist_camera=False`` drops ``rgb/wrist`` (one camera rendered instead of two);
-* ``fast_render=True`` switches shadows and reflections off (~2x cheaper frames; pixels differ
-  from the datasets' by ~1/255 on average);
-* ``hard_reset=False`` (robosuite's) keeps the compiled model between episodes: a reset takes
-  ~0.05 s instead of 0.5 s (3 s with a renderer), but the solver's warm start carries over, so an
+* ``fast_render=True`` switches shadows and reflections off (cheaper frames; pixels differ
+  slightly from the datasets');
+* ``hard_reset=False`` (robosuite's) keeps the compiled model between episodes: a reset is far
+  quicker (it rebuilds neither the model nor a renderer), but the solver's warm start carries over, so an
   episode is no longer bit-identical to the same state in a fresh env;
 * ``env.image_size`` sets the camera size (it barely changes the cost on a software renderer).
 

@@ -6,8 +6,8 @@ Backends (``env.backend``):
 * ``batched``: ManiSkill's GPU simulation (``sim_backend="physx_cuda"``) of all envs in this
   process, returning torch tensors on ``device`` (:class:`ManiSkillBatchedEnv` behind
   :class:`~envs.adapters.batched_adapter.BatchedVecEnv`). Without CUDA the same code runs on
-  ManiSkill's CPU simulation, which holds one env (``env.num_envs=1``): the GPU path, tried on
-  a laptop.
+  ManiSkill's CPU simulation, which holds one env (``env.num_envs=1``): a way to try the GPU
+  path on a laptop.
 * ``multiprocess``: ``env.num_envs`` single CPU envs (ManiSkill's CPU backend refuses
   ``num_envs > 1`` per process), each wrapped in ManiSkill's ``CPUGymWrapper``, spread over
   ``env.num_procs`` processes (default: one per core, at most one per env).
@@ -72,7 +72,7 @@ from envs.vulkan import ensure_vulkan_env
 
 OBS_MODES = {"state": "state", "rgb": "rgb", "state+rgb": "state+rgb"}  # ours -> ManiSkill's
 BACKENDS = ("auto", "batched", "inprocess", "multiprocess")
-#: Imported once by the forkserver of the env processes (~4 CPU-s each otherwise, torch included).
+#: Imported once by the forkserver of the env processes (seconds of CPU each otherwise, torch included).
 PRELOAD = ("mani_skill.envs",)
 
 #: One instruction per common task (ManiSkill has no language; these describe the goal).
@@ -286,11 +286,10 @@ def keep_renderer(device: Any) -> None:
     """Keep SAPIEN's renderer on ``device`` alive for the rest of this process.
 
     SAPIEN shares one renderer among its render systems and tears it down when the last one goes.
-    Built again, it regenerates its BRDF lookup table with a compute shader at its first picture:
-    6.7 s wall and ~12 CPU-s on lavapipe (2 cores), for every rgb env built after all earlier envs of
-    the process were dropped (an evaluation, a video, the next env of a sweep) against 0.4 s with a
-    renderer kept. An empty render system holds it (a few MB); nothing is kept for a device that
-    cannot render.
+    Built again, it regenerates its BRDF lookup table with a compute shader at its first picture,
+    seconds of work on a software renderer (lavapipe), for every rgb env built after all earlier
+    envs of the process were dropped (an evaluation, a video, the next env of a sweep). An empty
+    render system holds it (a few MB); nothing is kept for a device that cannot render.
     """
     import sapien
     import mani_skill.render.utils as render_utils

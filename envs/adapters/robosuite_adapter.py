@@ -21,7 +21,7 @@ Reward: robosuite's (``reward_shaping=True`` by default). ``info["success"]`` is
 (default ``"OSC_POSE"``), ``camera``, ``wrist_camera``, ``terminate_on_success``, ``render``
 (True: ``render()`` returns camera frames for videos even with state observations); every other
 key goes to ``robosuite.make`` (defaults changed here: ``reward_shaping=True``,
-``hard_reset=False``, which resets in ~2 ms instead of rebuilding the model in ~300 ms); a key
+``hard_reset=False``, which resets in place instead of rebuilding the model, far quicker); a key
 that neither takes is a :class:`UserError` listing the parameters.
 
 Backends: ``env.backend=auto`` (the default) and ``multiprocess`` run the envs in
@@ -193,7 +193,7 @@ class RobosuiteEnv(SuiteRendering, gym.Env):
         use_rgb = obs_mode != "state"
         cameras = [camera] + ([WRIST_CAMERA] if wrist_camera else [])
         make_kwargs.setdefault("reward_shaping", True)
-        # keep the compiled model between episodes: reset takes ~2 ms instead of ~300 ms
+        # keep the compiled model between episodes: a reset then need not rebuild it
         make_kwargs.setdefault("hard_reset", False)
         try:
             self.env = suite.make(

@@ -133,9 +133,8 @@ class CommandWaiter:
     """How a worker waits for its next command: spin briefly when the parent usually answers fast.
 
     Blocking costs a sleep and a wake-up per step (tens of microseconds each on a virtual machine,
-    more when the core idles); a tight stepping loop whose parent turns a reply into the next
-    command in ~20 us loses up to ~10% of its steps/s to that
-    (``benchmarks/results/env_worker_spin.json``). The worker keeps the gaps between its last
+    more when the core idles), a real share of a tight stepping loop whose parent turns a reply
+    into the next command within microseconds. The worker keeps the gaps between its last
     replies and the next commands; when their median is below ``max_spin_s`` it polls (the
     shared-memory doorbell and the pipe, yielding the core to any other runnable process) for up
     to twice that median before it sleeps. A parent that runs a policy between steps (gaps of
@@ -204,8 +203,7 @@ class ReplyWaiter:
     is ``spin_s`` or ``fraction`` of the typical step, whichever is longer (a slow step varies
     more); steps shorter than twice the margin are polled for from the start. ``spin_s=0`` always
     blocks. Only used while the parent has a core its workers do not need (fewer workers than
-    cores). The round trip it leaves is in ``benchmarks/results/env_worker_spin.json``
-    (``round_trips``: about a quarter of the blocking one around 0-200 us steps on a 2-core VM).
+    cores).
     """
 
     def __init__(self, fileno: int, spin_s: float, fraction: float = 0.1, window: int = 9) -> None:

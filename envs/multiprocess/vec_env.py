@@ -50,7 +50,7 @@ _PRELOADED: set[str] = {"__main__"}
 def preload_in_forkserver(modules: Sequence[str]) -> None:
     """Have this process's forkserver import ``modules`` once, so that every env process it forks
     starts with them imported instead of importing them itself: a simulator whose import takes
-    seconds (ManiSkill: ~4 CPU-s, torch included) is paid once per process that makes env processes,
+    seconds (ManiSkill's, torch included) is paid once per process that makes env processes,
     not once per env process (a profile probes five shapes, an evaluation and its video make four
     processes). Takes effect when the forkserver starts (the first env process this process makes
     with the ``forkserver`` start method); later calls add nothing to a running server. Modules that

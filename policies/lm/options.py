@@ -54,7 +54,7 @@ class CausalLMOptions:
     """Module names that get adapters (peft's ``target_modules``); ``["all-linear"]``: every linear
     layer but the output head."""
     gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass (less memory, ~30% more compute)."""
+    """Recompute activations in the backward pass (less memory, for a second forward pass of compute)."""
 
     def validate(self) -> None:
         """UserError naming the key for a value out of range."""
