@@ -27,7 +27,7 @@ from embodied.seeding import RngStream, seed_everything
 from envs.registry import make_vec_env
 from pipelines.collect import EnvOutput, TrajectoryRecorder, env_output, resolve_device, with_instructions
 from pipelines.config import EmbodiedConfig
-from pipelines.onpolicy.workers import group_seeds
+from pipelines.onpolicy.chunks import group_seeds
 from policies.registry import build_policy
 
 

@@ -39,7 +39,8 @@ from embodied.rl import TrajectoryBatch, is_text
 from embodied.runtime.distributed import SINGLE, DataParallel
 from pipelines.collect import EnvOutput, TrajectoryRecorder, env_output, resolve_device, to_torch, with_instructions
 from pipelines.config import EmbodiedConfig
-from pipelines.onpolicy.workers import Pinning, RolloutWorker
+from pipelines.onpolicy.chunks import Pinning
+from pipelines.onpolicy.workers import RolloutWorker
 from pipelines.onpolicy.planning import macro_flow_of, resources_of
 from policies.registry import build_policy
 from embodied.runtime.weights import WeightSyncer
@@ -299,7 +300,7 @@ def _probe_env_in_a_worker(cfg: EmbodiedConfig, group: WorkerGroup, cores: int, 
 
     def measure(b: int, procs: int, on: int) -> ShapeMeasurement:
         try:
-            return group.call("measure", b, procs, on).result()
+            return group.remote.measure(b, procs, on).result()
         except WorkerTimeout as err:
             seconds = group.timeout_s
             raise WorkerTimeout(
@@ -423,15 +424,15 @@ def _probe_rollout_in_a_worker(cfg: EmbodiedConfig, rollout: WorkerGroup, replay
     obs_ch, act_ch, traj_ch = Channel("probe-obs", rollout), Channel("probe-act", replay), Channel("probe-traj", replay)
 
     def use_threads(threads: int) -> None:
-        rollout.call("configure", 1, Pinning(None, threads)).wait()
+        rollout.remote.configure(1, Pinning(None, threads)).wait()
 
     def per_call(tiled: list[EnvOutput], decisions: int) -> float:
-        fed = replay.call("replay", tiled, decisions, obs_ch, act_ch, traj_ch)
-        out = rollout.call("generate", decisions, obs_ch, act_ch, traj_ch).result()
+        fed = replay.remote.replay(tiled, decisions, obs_ch, act_ch, traj_ch)
+        out = rollout.remote.generate(decisions, obs_ch, act_ch, traj_ch).result()
         fed.wait()
         return float(out["infer_s"]) / (decisions + 1)
 
-    rollout.call("load_weights", WeightSyncer().export(policy.cpu(), 0)).wait()
+    rollout.remote.load_weights(WeightSyncer().export(policy.cpu(), 0)).wait()
     return _rollout_probe(cfg, outputs, cores, log, use_threads, per_call, 3, "in a rollout worker")
 
 
@@ -597,8 +598,8 @@ def probe_transfer(cluster: Cluster, obs_mib: float, log, ends: tuple[WorkerGrou
         for mib in (0.001, big):
             payload = np.zeros(max(1, int(mib * MIB)), np.uint8)
             count = 30 if mib < 1 else 10
-            srv = server.call("serve", a_in, b_in, payload, count)
-            bnc = bouncer.call("bounce", b_in, a_in, count)
+            srv = server.remote.serve(a_in, b_in, payload, count)
+            bnc = bouncer.remote.bounce(b_in, a_in, count)
             wait_all(srv, bnc)
             times[mib] = srv.result()
     finally:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,12 +25,14 @@ from embodied.runtime import Cluster
 from pipelines.collect import resolve_device
 from pipelines.config import EmbodiedConfig
 from pipelines.layout import Machine, NodeSpec
+from pipelines.onpolicy.modes import RUN_MODES
 from pipelines.workflow import Layout, cpu_resources
 from scheduler import (
     MODES,
     SHARED,
     STREAMS,
     MacroFlow,
+    Plan,
     PlanResult,
     Profile,
     Resources,
@@ -117,10 +120,12 @@ MODE_RANK = {"colocated": 0, "disaggregated": 1, "hybrid": 2, "shared": 3, "stre
 
 
 def plan_embodied(cfg: EmbodiedConfig, profile: Profile, resources: Resources | None = None,
-                  multi_node: bool = False) -> PlanResult:
+                  multi_node: bool = False, shortfall_of: Callable[[Plan], str | None] | None = None) -> PlanResult:
     """Plan ``cfg``'s workflow on ``resources`` (default: this machine's cores); ``plan.mode`` /
     ``plan.chunks`` restrict the search. Where there are GPUs, each component may only use the
-    kind of device it runs on (:func:`with_device_kinds`).
+    kind of device it runs on (:func:`with_device_kinds`). ``shortfall_of``: what a plan's ranks
+    would reserve beyond the cluster (None when they fit); the candidates it refuses are never
+    chosen (:func:`only_buildable`).
 
     Among the candidates predicted within SIMPLICITY_MARGIN of the fastest, the one with the fewest
     chunks and the simplest mode becomes ``best``; the ranked table is kept as the search made it.
@@ -137,19 +142,29 @@ def plan_embodied(cfg: EmbodiedConfig, profile: Profile, resources: Resources | 
         force_chunks=cfg.plan.chunks,
         modes=runnable_modes(cfg, multi_node),
     )
+    if shortfall_of is not None:
+        result = only_buildable(result, shortfall_of)
     return prefer_simple(result)
 
 
+def only_buildable(result: PlanResult, shortfall_of: Callable[[Plan], str | None]) -> PlanResult:
+    """``result`` without the candidates whose ranks the cluster cannot hold (``shortfall_of``:
+    what a plan's ranks reserve beyond the cluster, None when they fit); ``best`` is the fastest
+    of the others. None fits: a UserError that names what the fastest plan asks for."""
+    kept = [(p, t) for p, t in result.candidates if shortfall_of(p) is None]
+    if not kept:
+        best = result.best
+        raise UserError(f"No plan fits the cluster: the worker groups of every candidate ask for more than it has (the "
+                        f"fastest, {best.mode} with {best.num_chunks} chunk(s): {shortfall_of(best)}). Lower "
+                        "workers.<group>_cpus / _resources, run fewer ranks (workers.<group>), or give the cluster more "
+                        "(cluster.num_cpus, cluster.num_gpus for a local Ray; nodes for a cluster).")
+    return dataclasses.replace(result, best=kept[0][0], best_timeline=kept[0][1], candidates=kept)
+
+
 def runnable_modes(cfg: EmbodiedConfig, multi_node: bool = False) -> tuple[str, ...]:
-    """The modes the runtime runs as the planner models them for ``cfg``. ``shared`` prices the
-    env as one thread and each rollout lane as its own process: it needs an ``inprocess`` env (no
-    env processes) with one env worker, and Ray workers (the local backend runs every worker in
-    one process). ``streams`` runs one env and one rollout process per stream, each pinned to the
-    stream's cores: it needs one configured env worker (the streams split its envs) and Ray workers.
-    Neither runs on a cluster of several nodes (``multi_node``): a pool is one node's cores."""
-    lanes_run = cfg.env.backend == "inprocess" and cfg.workers.env == 1 and cfg.cluster.backend == "ray" and not multi_node
-    streams_run = cfg.workers.env == 1 and cfg.cluster.backend == "ray" and not multi_node
-    return tuple(m for m in MODES if (m != SHARED or lanes_run) and (m != STREAMS or streams_run))
+    """The modes the runtime runs as the planner models them for ``cfg`` (each mode's
+    :meth:`~pipelines.onpolicy.modes.RunMode.runs`; ``multi_node``: on a cluster of several nodes)."""
+    return tuple(m for m in MODES if RUN_MODES.get(m).runs(cfg, multi_node))
 
 
 def with_device_kinds(cfg: EmbodiedConfig, profile: Profile) -> Profile:

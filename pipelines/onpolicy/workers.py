@@ -6,7 +6,7 @@ planner's simulation of a timeline is based:
 * EnvWorker rank e, chunk c (key ``e * k + c``): sends the chunk's current observation (after a
   reset in groups for GRPO, with the group ids), then T times receives actions, steps the chunk's
   envs (one step, or ``chunk_step`` for action chunks) and sends an :class:`EnvOutput`. While chunk
-  c waits for its actions, chunk c+1 is simulated: that is the pipelining.
+  c waits for its actions, chunk c+1 is simulated: that is the pipelining (:meth:`EnvChunks.run`).
 * RolloutWorker: records each of its chunks with a :class:`TrajectoryRecorder` (acts on the first
   T observations, completes each decision with the env's output) and sends the chunk's
   :class:`TrajectoryBatch` (facts only) to the trainer.
@@ -24,18 +24,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from embodied.algorithms import build_algorithm, build_optimizer
-from embodied.errors import EnvError, UserError
+from embodied.errors import UserError
 from embodied.offload import Offloader
 from embodied.rl import TrajectoryBatch
 from embodied.runtime import Channel, Worker
@@ -49,14 +45,12 @@ from embodied.runtime.distributed import (
     node_address,
 )
 from embodied.runtime.weights import WeightPayload, WeightSyncer, export_tensors
-from embodied.seeding import RngStream, seed_everything
-from envs.base import to_numpy
-from envs.nonfinite import NONFINITE_INFO_KEY
-from envs.registry import make_vec_env
-from pipelines.collect import EnvOutput, TrajectoryRecorder, env_output, resolve_device, with_instructions
+from embodied.seeding import seed_everything
+from pipelines.collect import EnvOutput, resolve_device
 from pipelines.config import EmbodiedConfig
+from pipelines.onpolicy.chunks import EnvChunks, Pinning, Pinnings, own
+from pipelines.onpolicy.inference import Inference, send_batch
 from policies.registry import build_policy
-from scheduler import chunk_sizes
 
 
 class BlockRoute:
@@ -69,146 +63,33 @@ class BlockRoute:
         return key // self.block
 
 
-@dataclass(frozen=True)
-class Pinning:
-    """Where a worker runs on this machine: the CPU cores it is pinned to (None: not pinned) and
-    its torch threads. Env workers give their env processes one core each."""
+class ChannelPolicy:
+    """The rollout at the other end of two channels, as an env rank's chunks see it
+    (a :class:`~pipelines.onpolicy.chunks.ChunkPolicy`): chunk c is key ``keys[c]``."""
 
-    cores: tuple[int, ...] | None = None
-    threads: int = 1
+    def __init__(self, keys: list[int], obs_channel: Channel, action_channel: Channel) -> None:
+        self.keys, self.obs_channel, self.action_channel = keys, obs_channel, action_channel
 
-    def apply(self) -> None:
-        if self.cores is not None and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, self.cores)  # MultiprocessVecEnv gives its env processes this affinity
-        torch.set_num_threads(max(1, self.threads))
+    def observe(self, c: int, out: EnvOutput) -> None:
+        self.obs_channel.put(self.keys[c], out)
 
-
-Pinnings = Pinning | tuple[Pinning, ...]
-"""One pinning for every rank of a group, or one per rank (a layout's ranks own different cores)."""
+    def actions(self, c: int) -> np.ndarray | None:
+        return self.action_channel.get(self.keys[c])
 
 
-def own(pinning: Pinnings, rank: int) -> Pinning:
-    """The pinning of ``rank`` among ``pinning``."""
-    return pinning[rank] if isinstance(pinning, tuple) else pinning
+class LocalPolicy:
+    """The policy in the env's own process (a :class:`~pipelines.onpolicy.chunks.ChunkPolicy`):
+    each env output is recorded at once and the decision's actions wait for the next step."""
 
+    def __init__(self, keys: list[int], inference: Inference) -> None:
+        self.keys, self.inference = keys, inference
+        self.next: dict[int, np.ndarray | None] = {}
 
-def group_seeds(cfg: EmbodiedConfig, first_env: int, count: int, iteration: int) -> tuple[list[int], np.ndarray]:
-    """Reset seeds and group ids of envs ``first_env .. first_env + count - 1`` (global indices over
-    all env workers) for a grouped iteration: the envs of a group (``algo.group_size`` consecutive
-    envs) share one seed, so they start from one initial state; every iteration draws new ones."""
-    G = cfg.algo.group_size
-    groups_total = cfg.workers.env * cfg.env.num_envs // G
-    ids = (first_env + np.arange(count)) // G
-    seeds = [cfg.seed + 1_000_003 + iteration * groups_total + int(g) for g in ids]
-    return seeds, ids.astype(np.int64)
+    def observe(self, c: int, out: EnvOutput) -> None:
+        self.next[c] = self.inference.decide(self.keys[c], out)
 
-
-class EnvChunks:
-    """The env side of a rank: ``env.num_envs`` envs split into ``num_chunks`` independently stepped
-    chunks (a ``streams`` plan: ``split`` ranks step one configured worker's ``env.num_envs`` envs
-    between them). A plain object: :class:`EnvWorker` steps it through channels, a
-    :class:`StreamWorker` in its own process. An env's failure names its index over all env workers."""
-
-    def __init__(self, cfg: EmbodiedConfig, grouped: bool = False) -> None:
-        self.cfg = cfg
-        self.grouped = grouped
-        self.envs: list[Any] = []
-
-    def configure(self, rank: int, num_chunks: int, pinning: Pinning, split: int = 1) -> None:
-        """(Re)build the chunks' envs of rank ``rank`` for a plan: ``num_chunks`` chunks, each stepping
-        its envs in ``len(pinning.cores)`` processes pinned to those cores. Episodes restart. With
-        ``split`` ranks per configured env worker (a ``streams`` plan: one rank per stream) rank r
-        steps part ``r % split`` of worker ``r // split``'s envs: an env keeps its index and seed
-        whatever the split."""
-        self.close()
-        pinning.apply()
-        cfg = self.cfg
-        worker, part = divmod(rank, split)  # the configured env worker this rank stands for, and its part
-        parts = chunk_sizes(cfg.env.num_envs, split)
-        base = sum(parts[:part])  # this rank's first env within the configured worker's
-        self.num_chunks = num_chunks
-        self.sizes = chunk_sizes(parts[part], num_chunks)
-        offsets = [base + sum(self.sizes[:c]) for c in range(num_chunks)]  # first env of each chunk in the worker
-        self.first = [worker * cfg.env.num_envs + o for o in offsets]  # ... over all env workers
-        self.seeds = [cfg.seed + 1000 * worker + o for o in offsets]
-        procs = len(pinning.cores) if pinning.cores is not None else cfg.env.num_procs
-        self.envs = []
-        self.instructions: list[np.ndarray | None] = []
-        for size, seed in zip(self.sizes, self.seeds):
-            env_cfg = dataclasses.replace(cfg.env, num_envs=size, num_procs=min(procs, size) if procs else 0)
-            env = make_vec_env(env_cfg, seed=seed)
-            self.envs.append(env)
-            self.instructions.append(None if env.instructions is None else np.asarray(env.instructions, dtype=str))
-        self.obs: list[Any] = [None] * num_chunks
-
-    def spaces(self) -> tuple[Any, Any]:
-        return self.envs[0].observation_space, self.envs[0].action_space
-
-    @contextmanager
-    def _naming(self, c: int) -> Iterator[None]:
-        """A chunk's VecEnv counts its envs from 0: an :class:`EnvError` names the env over all env workers."""
-        try:
-            yield
-        except EnvError as err:
-            if "env_index" in err.where:
-                err.where["env_index"] += self.first[c]
-            raise
-
-    def start(self, c: int, iteration: int) -> EnvOutput:
-        """Chunk ``c``'s first observation of an iteration (chunk 0 starts the iteration's tallies).
-        Grouped (GRPO): the chunk's envs are reset in groups (see :func:`group_seeds`); else an
-        episode goes on from the last iteration."""
-        if c == 0:
-            self.episodes: list[dict[str, float]] = []
-            self.sim_s, self.env_steps, self.nonfinite = 0.0, 0, 0
-            self.decisions = [0] * self.num_chunks
-            # grouped: the iteration's rollouts are each env's first episode; the ones that start after
-            # it (auto-reset) are cut short by the next iteration's reset and trained on by nobody
-            self.first_episode = [np.ones(env.num_envs, bool) if self.grouped else None for env in self.envs]
-        env = self.envs[c]
-        group_ids = None
-        with self._naming(c):
-            t0 = time.perf_counter()
-            if self.grouped:
-                seeds, group_ids = group_seeds(self.cfg, self.first[c], env.num_envs, iteration)
-                self.obs[c] = env.reset(seed=seeds)
-            elif self.obs[c] is None:
-                self.obs[c] = env.reset(seed=self.seeds[c])
-            self.sim_s += time.perf_counter() - t0
-        return EnvOutput(with_instructions(self.obs[c], self.instructions[c]), group_ids=group_ids)
-
-    def step(self, c: int, actions: np.ndarray) -> EnvOutput:
-        """Step chunk ``c`` with one decision's ``actions`` (an action chunk for chunk policies)."""
-        env = self.envs[c]
-        with self._naming(c):
-            t0 = time.perf_counter()
-            res = env.chunk_step(actions) if self.cfg.policy.action_chunk > 1 else env.step(actions)
-            self.sim_s += time.perf_counter() - t0
-        self.decisions[c] += 1
-        out = env_output(res, self.instructions[c])
-        dropped = res.info.get(NONFINITE_INFO_KEY)
-        lost = 0 if dropped is None else int(to_numpy(dropped).sum())
-        self.nonfinite += lost
-        self.env_steps += int(out.valid.sum()) - lost  # a dropped episode's last step is not a real one
-        self.obs[c] = res.obs
-        first = self.first_episode[c]
-        self.episodes.extend(res.episodes.finished(among=first))
-        if first is not None:
-            first &= ~to_numpy(res.episodes.done).astype(bool)
-        return out
-
-    def tallies(self) -> dict[str, Any]:
-        """The iteration so far: the episodes that finished (grouped: each env's first, the rollouts
-        GRPO compares), the seconds spent simulating, the env steps taken, the episodes
-        ``env.nonfinite=drop`` ended (whose last step is not counted) and the decisions each chunk
-        took (fewer than asked where the rollout stopped it)."""
-        return {"episodes": self.episodes, "sim_s": self.sim_s, "env_steps": self.env_steps,
-                "nonfinite_episodes": self.nonfinite, "decisions": self.decisions}
-
-    def close(self) -> None:
-        for env in self.envs:
-            env.close()
-        self.envs = []
+    def actions(self, c: int) -> np.ndarray | None:
+        return self.next[c]
 
 
 class EnvWorker(Worker):
@@ -230,114 +111,11 @@ class EnvWorker(Worker):
         """Run ``num_steps`` decisions of every chunk, pipelined: each chunk sends its observation
         and steps when its actions arrive (None: the rollout needs no more steps of the chunk);
         returns :meth:`EnvChunks.tallies`."""
-        chunks = self.chunks
-        keys = [self.rank * chunks.num_chunks + c for c in range(chunks.num_chunks)]
-        for c in range(chunks.num_chunks):
-            obs_channel.put(keys[c], chunks.start(c, iteration))
-        active = list(range(chunks.num_chunks))
-        for _ in range(num_steps):
-            for c in list(active):
-                actions = action_channel.get(keys[c])
-                if actions is None:  # the rollout needs no more steps of this chunk (GRPO: episodes over)
-                    active.remove(c)
-                    continue
-                obs_channel.put(keys[c], chunks.step(c, actions))
-        return chunks.tallies()
+        keys = [self.rank * self.chunks.num_chunks + c for c in range(self.chunks.num_chunks)]
+        return self.chunks.run(num_steps, iteration, ChannelPolicy(keys, obs_channel, action_channel))
 
     def close(self) -> None:
         self.chunks.close()
-
-
-class Inference:
-    """The rollout side of a rank: the policy at the synced weights, recording one
-    :class:`TrajectoryRecorder` per chunk key it serves. A plain object: :class:`RolloutWorker`
-    serves it over channels, a :class:`StreamWorker` in its own process.
-
-    ``record_values``: record the critic's values (critic-based algorithms). ``episodic``: each
-    iteration needs one episode per env (GRPO): a chunk stops stepping once every env's first
-    episode has ended, and its batch is padded with invalid decisions.
-    """
-
-    def __init__(self, cfg: EmbodiedConfig, observation_space: Any, action_space: Any, rank: int,
-                 record_values: bool = True, episodic: bool = False) -> None:
-        self.cfg = cfg
-        self.episodic = episodic
-        self.device = resolve_device(cfg.workers.rollout_device)
-        self.policy = build_policy(cfg.policy, observation_space, action_space).to(self.device).eval()
-        self.syncer = WeightSyncer()
-        self.version = -1
-        self.rng = RngStream(cfg.seed + 7919 * (rank + 1), self.device)
-        self.record_values, self.action_space = record_values, action_space
-        self.offloader = Offloader(self.policy)
-        self.onload_s = 0.0
-        self.offload_between_phases = False
-        self.keys: list[int] = []
-
-    def configure(self, keys: list[int], offload: bool = False) -> None:
-        """Serve chunk ``keys``. With ``offload`` (a plan that colocates the rollout with the
-        trainer) the policy's weights leave the device after each collection and come back with
-        the next weights."""
-        self.offload_between_phases = offload
-        if not offload and self.offloader.is_offloaded:
-            self.offloader.onload()
-        self.keys = list(keys)
-        self.recorders = {k: TrajectoryRecorder(self.policy, self.device, self.record_values, self.action_space, self.rng)
-                          for k in self.keys}
-
-    def load_weights(self, payload: WeightPayload) -> int:
-        if self.offloader.is_offloaded:  # the rollout's phase begins
-            self.onload_s = self.offloader.onload().seconds
-        self.version = self.syncer.load(self.policy, payload)
-        return self.version
-
-    def begin(self) -> None:
-        """A collection begins."""
-        if self.version < 0:
-            raise RuntimeError("generate() before load_weights(): the rollout has no policy weights")
-        self.infer_s = 0.0
-
-    def decide(self, key: int, out: EnvOutput, t: int, num_steps: int) -> np.ndarray | None:
-        """Record chunk ``key``'s env output of decision ``t`` (its first observation at t = 0) and
-        return the env actions of decision ``t``; None after the last decision, or when the chunk
-        needs no more steps (episodic: its first episodes are all over)."""
-        with self.timed():
-            rec = self.recorders[key]
-            if t == 0:
-                rec.begin(out)
-            else:
-                rec.observe(out)
-            if t < num_steps and not (self.episodic and rec.first_episodes_done()):
-                return rec.act()
-            return None
-
-    @contextmanager
-    def timed(self) -> Iterator[None]:
-        """Count the block's seconds as the rollout's (``infer_s``): its inference and recording,
-        and sending their results where a channel takes them."""
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.infer_s += time.perf_counter() - t0
-
-    def finish(self, num_steps: int) -> TrajectoryBatch:
-        """The collection's batch over every served chunk (``num_steps`` decisions, padded)."""
-        with self.timed():
-            return TrajectoryBatch.concat([self.recorders[k].finish(self.version, num_steps) for k in self.keys])
-
-    def end(self) -> dict[str, Any]:
-        """The collection ends: seconds of inference, the weights' version; with offloading the
-        weights leave the device (and the seconds of both moves)."""
-        out: dict[str, Any] = {"infer_s": self.infer_s, "version": self.version}
-        if self.offload_between_phases:
-            out.update(onload_s=self.onload_s, offload_s=self.offloader.offload().seconds)
-        return out
-
-
-def send_batch(traj_channel: Channel, batch: TrajectoryBatch) -> None:
-    """Every data-parallel trainer rank trains on all of the batch (on its own key)."""
-    for trainer_rank in range(traj_channel.num_ranks):
-        traj_channel.put(trainer_rank, batch)
 
 
 class RolloutWorker(Worker):
@@ -363,18 +141,20 @@ class RolloutWorker(Worker):
         return self.inference.load_weights(payload)
 
     def generate(self, num_steps: int, obs_channel: Channel, action_channel: Channel, traj_channel: Channel) -> dict[str, Any]:
+        """Decide ``num_steps`` times for every served chunk as its env outputs arrive, send the
+        batch to the trainer; returns :meth:`Inference.end`."""
         inference = self.inference
-        inference.begin()
+        inference.begin(num_steps)
         active = list(inference.keys)
         for t in range(num_steps + 1):
             for key in list(active):
-                actions = inference.decide(key, obs_channel.get(key), t, num_steps)
+                actions = inference.decide(key, obs_channel.get(key))
                 if t < num_steps:
                     with inference.timed():  # what the pipeline pays for a decision includes sending it
                         action_channel.put(key, actions)
                     if actions is None:  # the env stops stepping the chunk
                         active.remove(key)
-        send_batch(traj_channel, inference.finish(num_steps))
+        send_batch(traj_channel, inference.finish())
         return inference.end()
 
 
@@ -412,20 +192,10 @@ class StreamWorker(Worker):
     def collect(self, num_steps: int, traj_channel: Channel, iteration: int = 0) -> dict[str, Any]:
         """``num_steps`` decisions of every chunk, env and policy taking turns; sends the batch to
         the trainer and returns :meth:`EnvChunks.tallies` with :meth:`Inference.end`'s."""
-        chunks, inference = self.chunks, self.inference
-        inference.begin()
-        keys = self._keys()
-        outs = [chunks.start(c, iteration) for c in range(chunks.num_chunks)]
-        active = list(range(chunks.num_chunks))
-        for t in range(num_steps + 1):
-            for c in list(active):
-                actions = inference.decide(keys[c], outs[c], t, num_steps)
-                if actions is None:
-                    active.remove(c)
-                    continue
-                outs[c] = chunks.step(c, actions)
-        send_batch(traj_channel, inference.finish(num_steps))
-        return {**chunks.tallies(), **inference.end()}
+        self.inference.begin(num_steps)
+        tallies = self.chunks.run(num_steps, iteration, LocalPolicy(self._keys(), self.inference))
+        send_batch(traj_channel, self.inference.finish())
+        return {**tallies, **self.inference.end()}
 
     def close(self) -> None:
         self.chunks.close()
@@ -452,8 +222,6 @@ class TrainerWorker(Worker):
         self.policy = build_policy(cfg.policy, observation_space, action_space).to(self.device)
         self.algorithm = build_algorithm(cfg.algo)
         if self.algorithm.needs_critic and not self.policy.has_critic:
-            from embodied.errors import UserError
-
             raise UserError(f"algo.name={cfg.algo.name} needs a critic, and policy {cfg.policy.name!r} was built without "
                             "one; use algo.name=grpo or a policy with a value head.")
         self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False) if self.algorithm.needs_reference else None

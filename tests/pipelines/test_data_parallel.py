@@ -59,19 +59,19 @@ def one_rank(cfg: EmbodiedConfig, batches: list[TrajectoryBatch]) -> dict:
     ``initial`` and ``weights``, the ``stats`` of each update, its checkpoint ``state``."""
     with Cluster(ClusterConfig(backend="local", timeout_s=60)) as local:
         group = WorkerGroup(local, TrainerWorker, 1, cfg, OBS, ACT, name="reference")
-        initial = state_of(group.call("export_weights").result())
-        stats = [group.call("update", b, cfg.algo.lr).result() for b in batches]
-        out = {"initial": initial, "weights": state_of(group.call("export_weights").result()), "stats": stats,
-               "state": group.call("state").result()}
+        initial = state_of(group.remote.export_weights().result())
+        stats = [group.remote.update(b, cfg.algo.lr).result() for b in batches]
+        out = {"initial": initial, "weights": state_of(group.remote.export_weights().result()), "stats": stats,
+               "state": group.remote.state().result()}
         group.shutdown()
     return out
 
 
 def ranks(cluster: Cluster, cfg: EmbodiedConfig, n: int) -> WorkerGroup:
     group = WorkerGroup(cluster, TrainerWorker, n, cfg, OBS, ACT, name="dp-trainer")
-    host, port = group.call("rendezvous", ranks=[0]).result()
+    host, port = group.on(0).rendezvous().result()
     assert host == "127.0.0.1"  # the store of a local Ray listens on loopback only
-    group.call("join", host, port).wait()
+    group.remote.join(host, port).wait()
     return group
 
 
@@ -102,23 +102,23 @@ def test_two_ranks_train_like_one_on_the_same_batch(ray_cluster, strategy):
     reference = one_rank(cfg, batches[:2])
     group = ranks(ray_cluster, cfg, 2)
     try:
-        stats = [group.call("update", b, cfg.algo.lr).wait() for b in batches[:2]]
+        stats = [group.remote.update(b, cfg.algo.lr).wait() for b in batches[:2]]
         assert all(s[0]["charts/micro_batches"] == 1.0 for s in stats)
         for per_rank in stats:  # every rank logs the combined statistics
             assert per_rank[0]["losses/policy"] == pytest.approx(per_rank[1]["losses/policy"], rel=1e-6)
-        assert_same_update(state_of(group.call("export_weights").wait()[0]), [s[0] for s in stats], reference)
+        assert_same_update(state_of(group.remote.export_weights().wait()[0]), [s[0] for s in stats], reference)
 
         # one rank's checkpoint continues on two; with micro-batches of at most 4 samples per rank,
         # and (DDP) the trainer's state offloaded between updates
         state = reference["state"]
-        group.call("load_state", state["model"], state["optimizer"], state["version"], state["generator"]).wait()
-        group.call("configure", Pinning(), strategy == "ddp", 4).wait()
-        more = group.call("update", batches[2], cfg.algo.lr).wait()[0]
+        group.remote.load_state(state["model"], state["optimizer"], state["version"], state["generator"]).wait()
+        group.remote.configure(Pinning(), strategy == "ddp", 4).wait()
+        more = group.remote.update(batches[2], cfg.algo.lr).wait()[0]
         assert ("offload/onload_s" in more) == (strategy == "ddp")
         # blocks of 9, 9 and 8 samples: 3 + 3 + 2 calls per epoch over 3 steps
         assert more["charts/micro_batches"] == pytest.approx(8 / 3)
-        weights = state_of(group.call("export_weights").wait()[0])
-        states = group.call("state").wait()
+        weights = state_of(group.remote.export_weights().wait()[0])
+        states = group.remote.state().wait()
     finally:
         group.shutdown()
     reference = one_rank(cfg, batches)
@@ -141,8 +141,8 @@ def test_grpo_on_a_policy_with_an_unused_critic(ray_cluster):
     reference = one_rank(cfg, [batch, batch])
     group = ranks(ray_cluster, cfg, 2)
     try:
-        stats = [group.call("update", batch, cfg.algo.lr).wait()[0] for _ in range(2)]
-        weights = state_of(group.call("export_weights").wait()[0])
+        stats = [group.remote.update(batch, cfg.algo.lr).wait()[0] for _ in range(2)]
+        weights = state_of(group.remote.export_weights().wait()[0])
     finally:
         group.shutdown()
     assert_same_update(weights, stats, reference)
@@ -177,11 +177,11 @@ def test_fsdp_finds_the_backward_of_evaluate_where_it_flattens_the_output(ray_cl
     reference = one_rank(config(), batches)
     group = WorkerGroup(ray_cluster, TreeFlattenHooks, 1, cfg, OBS, ACT, name="fsdp-tree-flatten")
     try:
-        group.call("hook_outputs_by_tree_flatten").wait()
-        host, port = group.call("rendezvous", ranks=[0]).result()
-        assert group.call("join", host, port).result() == "fsdp x1"
-        stats = [group.call("update", b, cfg.algo.lr).result() for b in batches]
-        assert_same_update(state_of(group.call("export_weights").result()), stats, reference)
+        group.remote.hook_outputs_by_tree_flatten().wait()
+        host, port = group.on(0).rendezvous().result()
+        assert group.remote.join(host, port).result() == "fsdp x1"
+        stats = [group.remote.update(b, cfg.algo.lr).result() for b in batches]
+        assert_same_update(state_of(group.remote.export_weights().result()), stats, reference)
     finally:
         group.shutdown()
 

@@ -37,10 +37,10 @@ def test_a_rank_on_cuda_takes_the_step_of_a_cpu_rank(gpu_cluster, strategy):
     group = WorkerGroup(gpu_cluster, TrainerWorker, 1, cfg, OBS, ACT, name=f"{strategy}-cuda",
                         resources=RankResources(0.5, num_gpus=1.0))
     try:
-        host, port = group.call("rendezvous", ranks=[0]).result()
-        assert group.call("join", host, port).result() == f"{strategy} x1"  # NCCL, one rank
-        stats = [group.call("update", b, cfg.algo.lr).result() for b in batches]
-        weights = state_of(group.call("export_weights").result())
+        host, port = group.on(0).rendezvous().result()
+        assert group.remote.join(host, port).result() == f"{strategy} x1"  # NCCL, one rank
+        stats = [group.remote.update(b, cfg.algo.lr).result() for b in batches]
+        weights = state_of(group.remote.export_weights().result())
     finally:
         group.shutdown()
     for key in ("losses/grad_norm", "losses/policy", "losses/value"):
@@ -67,7 +67,7 @@ def test_a_gpu_layout_gives_each_rank_its_gpu(gpu_cluster):
     seen = []
     for r in ranks:
         group = WorkerGroup(gpu_cluster, _Visible, 1, name="visible", resources=RankResources(0.1, r.num_gpus, r.env_vars()))
-        seen.append(group.call("devices").result())
+        seen.append(group.remote.devices().result())
         group.shutdown()
     assert [s[:2] for s in seen] == [("0", 1), ("0", 1)] and seen[0][2] == torch.cuda.get_device_name(0)
 

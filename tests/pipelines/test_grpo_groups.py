@@ -26,9 +26,9 @@ def first_outputs(cfg: EmbodiedConfig, chunks: int, iteration: int, grouped: boo
         env = WorkerGroup(cluster, EnvWorker, split, cfg, chunks // split, None, grouped, split, name="env")
         sink = WorkerGroup(cluster, Sink, 1, name="sink")
         obs, act = Channel("obs", sink), Channel("act", env, route=BlockRoute(chunks // split))
-        env.call("interact", 0, obs, act, iteration).wait()
-        outs = sink.call("take", obs, list(range(chunks))).result()
-        env.call("close").wait()
+        env.remote.interact(0, obs, act, iteration).wait()
+        outs = sink.remote.take(obs, list(range(chunks))).result()
+        env.remote.close().wait()
     return outs
 
 
@@ -102,10 +102,10 @@ def test_a_grouped_iteration_reports_each_envs_first_episode_once():
         env = WorkerGroup(cluster, EnvWorker, 1, cfg, 1, None, True, name="env")
         driver = WorkerGroup(cluster, Driver, 1, name="driver")
         obs, act = Channel("obs", driver), Channel("act", env, route=BlockRoute(1))
-        interacting = env.call("interact", 12, obs, act, 0)
-        driver.call("drive", obs, act, 12).wait()
+        interacting = env.remote.interact(12, obs, act, 0)
+        driver.remote.drive(obs, act, 12).wait()
         out = interacting.result()
-        env.call("close").wait()
+        env.remote.close().wait()
     episodes = out["episodes"]
     assert len(episodes) == 8  # one per env, though the experts' envs finished two or more
     assert sorted(e["success"] for e in episodes) == [0.0] * 4 + [1.0] * 4

@@ -11,6 +11,7 @@ from embodied.config import apply_overrides
 from embodied.errors import ConfigError, UserError
 from embodied.runtime import Cluster, ClusterConfig
 from pipelines.config import EmbodiedConfig
+from pipelines.onpolicy.modes import mode_of
 from pipelines.onpolicy.workflow import EmbodiedWorkflow
 from embodied.profiler import Probe
 from pipelines.onpolicy.planning import machine_of, macro_flow_of, measured_factors, prefer_simple, runnable_modes, shared_wall_s
@@ -54,9 +55,9 @@ def test_a_streams_plan_pins_one_env_and_one_rollout_rank_to_each_stream():
     assert [r.cores for r in lay.ranks_of("env")] == [(0,), (1,)]  # stream s: core s
     assert [r.cores for r in lay.ranks_of("rollout")] == [(0,), (1,)]
     assert [r.cores for r in lay.ranks_of("trainer")] == [(0, 1)]
-    assert (workflow.env_split(lay), workflow.env_chunks(lay)) == (2, 1)  # one chunk per env rank
+    assert (mode_of(streams).env_split(streams), mode_of(streams).env_chunks(lay)) == (2, 1)  # one chunk per env rank
     hybrid = Layout.of(_plan("hybrid", 2, 1.0), Resources.cpu_cores(2, 8.0), workflow.ranks_for(_plan("hybrid", 2, 1.0)))
-    assert (workflow.env_split(hybrid), workflow.env_chunks(hybrid)) == (1, 2)
+    assert (mode_of(hybrid.plan).env_split(hybrid.plan), mode_of(hybrid.plan).env_chunks(hybrid)) == (1, 2)
 
 
 def test_measured_factors_of_a_streams_plan_compare_each_rank_with_its_stream():

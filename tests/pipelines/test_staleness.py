@@ -53,7 +53,7 @@ def test_trainer_refuses_trajectories_older_than_the_staleness_allows():
         state = workflow.trainer_state()
         workflow.load_trainer_state({**state, "version": state["version"] + 2})
         with pytest.raises(WorkerError, match=r"stale trajectories: rollout used weights version\(s\) \[0\].*version 2"):
-            workflow.trainer.call("train", workflow.traj_channel, 1, 1e-3).result()
+            workflow.trainer.remote.train(workflow.traj_channel, 1, 1e-3).result()
 
 
 def test_staleness_beyond_one_is_a_config_error():

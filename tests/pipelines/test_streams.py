@@ -93,23 +93,23 @@ def collected(cfg: EmbodiedConfig, fused: bool) -> list[TrajectoryBatch]:
         traj = Channel("trajectories", trainer)
         if fused:
             stream = WorkerGroup(cluster, StreamWorker, 2, cfg, 1, None, True, grouped, name="stream")
-            obs_space, action_space = stream.call("spaces", ranks=[0]).result()
+            obs_space, action_space = stream.on(0).spaces().result()
         else:
             env = WorkerGroup(cluster, EnvWorker, 2, cfg, 1, None, grouped, 2, name="env")
-            obs_space, action_space = env.call("spaces", ranks=[0]).result()
+            obs_space, action_space = env.on(0).spaces().result()
             rollout = WorkerGroup(cluster, RolloutWorker, 2, cfg, obs_space, action_space, 2, None, True, grouped, name="rollout")
         torch.manual_seed(0)
         payload = WeightSyncer().export(build_policy(cfg.policy, obs_space, action_space), 5)
         if fused:
-            stream.call("load_weights", payload).wait()
-            stream.call("collect", T, traj, 0).wait()
-            stream.call("close").wait()
+            stream.remote.load_weights(payload).wait()
+            stream.remote.collect(T, traj, 0).wait()
+            stream.remote.close().wait()
         else:
-            rollout.call("load_weights", payload).wait()
+            rollout.remote.load_weights(payload).wait()
             obs, act = Channel("observations", rollout), Channel("actions", env, route=BlockRoute(1))
-            wait_all(env.call("interact", T, obs, act, 0), rollout.call("generate", T, obs, act, traj))
-            env.call("close").wait()
-        batches = trainer.call("take", traj, 2).result()
+            wait_all(env.remote.interact(T, obs, act, 0), rollout.remote.generate(T, obs, act, traj))
+            env.remote.close().wait()
+        batches = trainer.remote.take(traj, 2).result()
     return sorted(batches, key=lambda b: float(b.obs["state"][0, 0, 0]))  # arrival order varies
 
 
