@@ -60,13 +60,15 @@ class EnvConfig:
     and counted in ``env/nonfinite_episodes``. Checked on the whole batch at once (one
     ``isfinite`` per array and step)."""
     timeout_s: float = 60.0
-    """Multiprocess backend: longest wait for one reply of an env process (a reset, a step, a
-    chunk of steps of its envs). A process that takes longer is stuck (a hanging simulator): the
-    run stops naming it, its envs and their seeds, and its Python stack goes to its log. Below
+    """Longest wait for one call of the envs (a reset, a step, a chunk of steps, a render): one
+    reply of an env process (multiprocess backend) or of the envs' own thread (in-process
+    backend). An env that takes longer is stuck (a hanging simulator): the run stops naming it
+    (its envs and their seeds), and its Python stack goes to its log. Below
     ``cluster.timeout_s``, so the env's own message comes first."""
     start_timeout_s: float = 600.0
-    """Multiprocess backend: longest wait for the env processes to start and build their envs
-    (simulator imports, asset loading)."""
+    """Longest wait for the envs to be built (simulator imports, asset loading): the env
+    processes starting and building theirs (multiprocess backend), or the in-process backend's
+    envs in their thread."""
 
     def __post_init__(self) -> None:
         problems = []

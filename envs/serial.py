@@ -8,18 +8,29 @@ The user's env failing is reported as such: an exception from an env's construct
 ``step`` becomes an :class:`~embodied.errors.EnvError` naming the env id, its index and seed
 (a :class:`~embodied.errors.UserError` stays one), and every batch is checked for NaN/inf
 (``env.nonfinite``, :mod:`envs.nonfinite`) before it leaves.
+
+With ``timeout_s`` (``env.timeout_s``, the in-process backend) the envs live in a thread of their
+own (:class:`_EnvThread`: built, reset, stepped, rendered and closed there, so a simulator's
+thread-bound state such as a GL context stays in one thread) and the caller waits for each call
+at most that long: an env that hangs raises :class:`EnvTimeout` naming the env (id, index, seed)
+and what it was doing, with the hung thread's Python stack in the log, as an env process of the
+multiprocess backend does. The hand-off costs a few microseconds per call (not per env).
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import sys
+import threading
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from embodied.errors import EnvError, UserError
+from embodied.errors import EnvError, ExitCode, UserError
 from envs.base import ChunkStepResult, EpisodeStats, Obs, StepResult, VecEnv, env_seeds, to_numpy
 from envs.nonfinite import NONFINITE_INFO_KEY, all_finite, bad_rows, check_mode
 
@@ -100,6 +111,71 @@ def env_name(env: gym.Env) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
+class EnvTimeout(EnvError):
+    """An env of the in-process backend did not return within ``env.timeout_s`` (exit code 5)."""
+
+    exit_code = ExitCode.TIMEOUT
+    headline = "Timed out"
+
+
+class _EnvThread:
+    """One daemon thread that runs the calls of a :class:`SerialVecEnv`'s envs; the caller waits
+    for each at most ``timeout_s``. A call that does not return in time leaves the thread to it
+    (it cannot be stopped) and the VecEnv unusable."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._results: queue.SimpleQueue = queue.SimpleQueue()
+        self._seq = 0
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            seq, fn = job
+            try:
+                self._results.put((seq, True, fn()))
+            except BaseException as err:  # noqa: BLE001 - re-raised in the caller
+                self._results.put((seq, False, err))
+
+    def call(self, fn: Callable[[], Any], timeout_s: float | None) -> Any:
+        """``fn()`` run in the thread; :class:`queue.Empty` when it did not return within ``timeout_s``."""
+        self._seq += 1
+        seq = self._seq
+        self._jobs.put((seq, fn))
+        while True:
+            got, ok, value = self._results.get(timeout=timeout_s)
+            if got == seq:  # an older result belongs to a call whose caller stopped waiting (Ctrl-C)
+                break
+        if not ok:
+            raise value
+        return value
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+    def stack(self) -> list[str]:
+        """The thread's Python stack, innermost last."""
+        frame = sys._current_frames().get(self.thread.ident or -1)
+        return traceback.format_stack(frame) if frame is not None else []
+
+    def locals_of(self, code_names: tuple[str, ...], names: tuple[str, ...]) -> dict[str, Any]:
+        """Local variables ``names`` of the frames of this module's functions ``code_names`` that
+        the thread is in, each from the innermost frame that has it (which env a loop is at)."""
+        found: dict[str, Any] = {}
+        frame = sys._current_frames().get(self.thread.ident or -1)
+        while frame is not None:
+            if frame.f_code.co_name in code_names and frame.f_code.co_filename == __file__:
+                for name in names:
+                    if name not in found and name in frame.f_locals:
+                        found[name] = frame.f_locals[name]
+            frame = frame.f_back
+        return found
+
+
 class SerialVecEnv(VecEnv):
     """``len(env_fns)`` gymnasium envs stepped one after another, with auto-reset.
 
@@ -109,6 +185,10 @@ class SerialVecEnv(VecEnv):
                  multiprocess backend's env processes), for error messages.
     nonfinite:   ``"error"`` or ``"drop"``: what a NaN/inf in an observation or reward does
                  (``env.nonfinite``; see :class:`~envs.config.EnvConfig`).
+    timeout_s:   longest wait for one call of the envs (a reset, a step, a chunk, a render;
+                 ``env.timeout_s``); None: the envs run in the caller's thread, unbounded (the
+                 multiprocess backend's env processes, whose parent bounds them).
+    start_timeout_s: with ``timeout_s``, longest wait for the envs to be built (``env.start_timeout_s``).
     """
 
     def __init__(
@@ -119,20 +199,18 @@ class SerialVecEnv(VecEnv):
         env_id: str | None = None,
         first_index: int = 0,
         nonfinite: str = "error",
+        timeout_s: float | None = None,
+        start_timeout_s: float | None = None,
     ) -> None:
         self.first_index = first_index
         self.nonfinite = check_mode(nonfinite)
         self.env_id = env_id
+        self.timeout_s = timeout_s
+        self._thread = _EnvThread(f"envs-{env_id or 'serial'}") if timeout_s is not None else None
+        self._hung: EnvTimeout | None = None
+        self._seeds: list[int | None] = [None] * len(env_fns)
         self.envs = []
-        for i, fn in enumerate(env_fns):
-            try:
-                self.envs.append(fn())
-            except (UserError, KeyboardInterrupt):
-                raise
-            except Exception as err:
-                for env in self.envs:
-                    env.close()
-                raise self._env_error(i, "building the env", err) from err
+        self._guarded(lambda: self._build(env_fns), "building the env", start_timeout_s, "env.start_timeout_s")
         self.num_envs = len(self.envs)
         if self.env_id is None:
             self.env_id = env_name(self.envs[0])
@@ -146,10 +224,53 @@ class SerialVecEnv(VecEnv):
         self._episode_count = np.zeros(self.num_envs, np.int64)
         self._has_success = False
         self._closed = False
-        self._seeds: list[int | None] = [None] * self.num_envs  # the seed each env was last reset with
         self._last_obs: Obs | None = None  # the batch the next decision is made in (``drop`` needs it)
         self.nonfinite_episodes = 0
         """Episodes ended by ``nonfinite="drop"`` since construction."""
+
+    # --- the calls' thread ----------------------------------------------------------------------
+    def _build(self, env_fns: Sequence[EnvFn]) -> None:
+        for i, fn in enumerate(env_fns):
+            try:
+                self.envs.append(fn())
+            except (UserError, KeyboardInterrupt):
+                raise
+            except Exception as err:
+                for env in self.envs:
+                    env.close()
+                raise self._env_error(i, "building the env", err) from err
+
+    def _guarded(self, fn: Callable[[], Any], doing: str, timeout_s: float | None = None,
+                 option: str = "env.timeout_s") -> Any:
+        """``fn()``: in the caller's thread without a timeout, else in the envs' thread, waited for
+        at most ``timeout_s`` (default ``self.timeout_s``); an env that hangs is an :class:`EnvTimeout`."""
+        if self._thread is None:
+            return fn()
+        if self._hung is not None:
+            raise self._hung
+        wait_s = self.timeout_s if timeout_s is None and option == "env.timeout_s" else timeout_s
+        try:
+            return self._thread.call(fn, wait_s)
+        except queue.Empty:
+            self._hung = self._timeout(doing, wait_s, option)
+            raise self._hung from None
+
+    def _timeout(self, doing: str, timeout_s: float, option: str) -> EnvTimeout:
+        """The error of a call that did not return: which env (the loop variable ``i`` of the
+        method the envs' thread is in) and what it was doing; its Python stack goes to the log."""
+        assert self._thread is not None
+        local = self._thread.locals_of(("_advance", "_reset", "_reset_finite", "_reset_one", "_build", "_render", "_close_envs"),
+                                        ("i", "doing"))
+        i = local["i"] if isinstance(local.get("i"), int) else 0
+        doing = local["doing"] if isinstance(local.get("doing"), str) else doing
+        stack = "".join(self._thread.stack()).rstrip()
+        log.warning("env %s (env index %d) did not return within %g s (%s) while %s; the Python stack of its thread:\n%s",
+                  self.env_id, self.first_index + i, timeout_s, option, doing, stack)
+        error = self._env_error(
+            i, doing, f"did not return within {timeout_s:g} s ({option})",
+            f"it may hang (a stuck simulator); the Python stack of its thread is in the log. Raise {option} if the env is "
+            "just that slow")
+        return EnvTimeout(detail=error.detail, where=error.where)
 
     # --- helpers -------------------------------------------------------------------------------
     def _reset_one(self, i: int, seed: int | None = None) -> Any:
@@ -173,6 +294,9 @@ class SerialVecEnv(VecEnv):
 
     # --- contract ------------------------------------------------------------------------------
     def reset(self, seed: int | Sequence[int] | None = None) -> Obs:
+        return self._guarded(lambda: self._reset(seed), "resetting (reset())")
+
+    def _reset(self, seed: int | Sequence[int] | None) -> Obs:
         rows = _Rows(self.num_envs)
         i = 0
         try:
@@ -192,13 +316,18 @@ class SerialVecEnv(VecEnv):
     def step(self, actions: Any) -> StepResult:
         """One step is a chunk of one action: the same per-env loop, auto-reset and episode stats."""
         actions = to_numpy(self.check_step(actions))
-        obs, rewards, terminated, truncated, _, final_obs, episodes, info = self._advance(actions, 1, chunked=False)
+        if self._thread is None:
+            advanced = self._advance(actions, 1, chunked=False)
+        else:
+            advanced = self._guarded(lambda: self._advance(actions, 1, chunked=False), "stepping (step())")
+        obs, rewards, terminated, truncated, _, final_obs, episodes, info = advanced
         return StepResult(obs, rewards, terminated, truncated, final_obs, episodes, info)
 
     def chunk_step(self, actions: Any) -> ChunkStepResult:
         actions = to_numpy(self.check_chunk(actions))
         n, c = actions.shape[0], actions.shape[1]
-        obs, rewards, terminated, truncated, valid, final_obs, episodes, info = self._advance(actions, c, chunked=True)
+        advanced = self._guarded(lambda: self._advance(actions, c, chunked=True), "stepping (step())")
+        obs, rewards, terminated, truncated, valid, final_obs, episodes, info = advanced
         assert valid is not None
         return ChunkStepResult(
             obs, rewards.reshape(n, c), terminated.reshape(n, c), truncated.reshape(n, c), valid.reshape(n, c), final_obs, episodes, info
@@ -372,7 +501,12 @@ class SerialVecEnv(VecEnv):
         return self._instructions
 
     def render(self) -> np.ndarray | None:
-        frames = [env.render() for env in self.envs]
+        return self._guarded(self._render, "rendering (render())")
+
+    def _render(self) -> np.ndarray | None:
+        frames = []
+        for i, env in enumerate(self.envs):  # noqa: B007 - ``i`` names the env that hangs
+            frames.append(env.render())
         if any(f is None for f in frames):
             return None
         return np.stack([np.asarray(f) for f in frames])
@@ -381,7 +515,18 @@ class SerialVecEnv(VecEnv):
         if self._closed:
             return
         self._closed = True
-        for env in self.envs:
+        if self._hung is not None:  # its thread is still inside the env: closing it would hang too
+            log.warning("env %s: not closing its envs, one of them hangs (%s)", self.env_id, self._hung)
+            return
+        try:
+            self._guarded(self._close_envs, "closing (close())")
+        except EnvTimeout:
+            pass  # logged; the thread is left to the env
+        if self._thread is not None:
+            self._thread.stop()
+
+    def _close_envs(self) -> None:
+        for i, env in enumerate(self.envs):  # noqa: B007 - ``i`` names the env that hangs
             env.close()
 
 

@@ -242,7 +242,8 @@ def vectorize(env_fns: list, cfg: EnvConfig, backend: str, instructions: list[st
     if cfg.ignore_terminations:
         env_fns = [WithoutTerminations(fn) for fn in env_fns]
     if backend == "inprocess":
-        return SerialVecEnv(env_fns, instructions, env_id=cfg.id, nonfinite=cfg.nonfinite)
+        return SerialVecEnv(env_fns, instructions, env_id=cfg.id, nonfinite=cfg.nonfinite, timeout_s=cfg.timeout_s,
+                            start_timeout_s=cfg.start_timeout_s)
     return MultiprocessVecEnv(
         env_fns, default_num_procs(cfg), instructions, spin_s=cfg.worker_spin_us * 1e-6, timeout_s=cfg.timeout_s,
         start_timeout_s=cfg.start_timeout_s, env_id=cfg.id, nonfinite=cfg.nonfinite, preload=preload,
