@@ -15,11 +15,9 @@ and run ``--warmup`` untimed then ``--iterations`` timed training iterations of 
 ``--rounds`` rounds (2 by default) that interleave the plans, forward then backward, so that a host
 whose speed wanders over minutes favours none (more iterations until a plan's rounds took
 ``--measure-s`` seconds, 16 by default, as long as calibration measures the planner's choice
-(:data:`pipelines.calibrate.CHOICE_MEASURE_S`): CartPole's 0.15 s iterations on a host whose speed
-wanders put two plans 7% apart on 0.5 s of them, this host runs the same plan's CartPole
-iterations 25% faster or slower for a few seconds at a time, and consecutive 8 s windows of
-PushCube GRPO's iterations under one plan spread 12% around their median, 16 s ones 9%; an
-episodic iteration that ended early counts its own seconds, not the full iteration's it stands for;
+(:data:`pipelines.calibrate.CHOICE_MEASURE_S`): a shared host's speed wanders for seconds at a
+time, so a few short iterations know a plan's time no better than that wander (``--trace``
+measures how far windows of one plan's iterations spread); an episodic iteration that ended early counts its own seconds, not the full iteration's it stands for;
 each row reports how well its median is known, its relative standard error, and where its
 iterations' seconds went: collection, simulator and policy calls, the update),
 re-planning off. Per recipe it reports each candidate's predicted (probes alone,
@@ -113,9 +111,9 @@ FIXED = ("plan.replan_threshold=0", "plan.learn=false", "logging.tensorboard=fal
 #: correctness check rather than a measurement: half a second, at most 10 iterations)
 SWEEP_MEASURE_S, SWEEP_MAX_ITERATIONS = CHOICE_MEASURE_S, CHOICE_MAX_ITERATIONS
 QUICK_MEASURE_S, QUICK_MAX_ITERATIONS = 0.5, 10
-#: rounds each plan is measured in, interleaved with the others' (forward, then backward): on this
-#: host HalfCheetah's streams and hybrid plans measured a few minutes apart came out 14% one way,
-#: and alternated run after run 15% the other way (docs/benchmarks.md)
+#: rounds each plan is measured in, interleaved with the others' (forward, then backward): plans
+#: measured once each, minutes apart, differ by the host's drift between them as much as by
+#: themselves; two rounds in opposite orders give every plan the same mean moment of the sweep
 SWEEP_ROUNDS = 2
 #: where an iteration's seconds went, as the workflow reports them: collection (and its
 #: simulator's and policy's own seconds per call, averaged over ranks), the update
@@ -193,9 +191,8 @@ def measure(cfg: EmbodiedConfig, cluster: Cluster, profile: Profile, plan: Plan,
     ``plan``, more until they took ``measure_s`` seconds (short iterations are noisy; by default as
     calibration measures), at most ``max_iterations``; on workers built afresh that continue from
     the trainer ``state`` when given (as a resumed run does: the policy a run had reached steps its
-    simulator as the run's own iterations do: PushCube GRPO's iterations 11-23 ran 17% longer
-    (medians) than its first five, before the policy reached the cube,
-    ``benchmarks/results/pushcube_grpo_learning_curve.json``)."""
+    simulator as the run's own iterations do, where a fresh policy's episodes, and so an episodic
+    iteration, end sooner)."""
     workflow = EmbodiedWorkflow(cfg)
     runner = Runner(cfg, None, workflow)
     workflow.machine(cluster)
