@@ -9,10 +9,9 @@ measured, may still beat the best measured plan within the budget (``plan.calibr
 choice again so that every plan is compared at the run's current pace. The run settles on the
 fastest measured plan, and that plan's measurement becomes the run's prediction.
 
-:class:`Calibrator` is a small state machine (:class:`Phase`, one transition in
-:meth:`Calibrator._transition`); the functions above it decide how long a measurement runs.
-docs/planner.md#calibration describes the method. ``plan.calibrate=0`` turns calibration off: the
-run keeps the planner's choice and its probe-based prediction.
+:class:`Calibrator` is a small state machine (:class:`Phase`, one transition function); the
+functions before it decide how long a measurement runs. docs/planner.md#calibration describes the
+method. ``plan.calibrate=0`` turns calibration off: the run keeps the planner's choice.
 """
 
 from __future__ import annotations
@@ -277,9 +276,7 @@ class Calibrator:
     and the candidates' ranking are derived from those."""
 
     def __init__(self, workflow: Workflow, share: float, margin: float = MARGIN) -> None:
-        self.workflow = workflow
-        self.share = share
-        self.margin = margin
+        self.workflow, self.share, self.margin = workflow, share, margin
         self._run: _Run | None = None
         self._state = State(Phase.OFF)
         self._samples: list[tuple[int, dict[str, Any]]] = []  # the measurement in progress: (iteration, metrics)
@@ -355,12 +352,10 @@ class Calibrator:
         return CalibrationStep(self.workflow.layout_of(self._state.plan))
 
     def _transition(self) -> State:
-        """The state after the current one ends (the warm-up after its iteration, a measurement
-        once :meth:`_complete`): the choice after the warm-up; then the next candidate that may
-        beat the best measured plan within the budget; then, when others were measured, the choice
-        again where one measurement of it fits (free while it is the fastest); then settled."""
-        run = self._started()
-        phase = self._state.phase
+        """The state after the current one ends (the warm-up after one iteration, a measurement
+        once :meth:`_complete`): the choice; then each candidate that may beat the best measured
+        plan within the budget; then the choice again where it fits (free while it is the fastest)."""
+        run, phase = self._started(), self._state.phase
         if phase is Phase.WARM_UP:
             return State(Phase.CHOICE, run.choice, free=True)
         if phase is Phase.AGAIN:
@@ -422,8 +417,8 @@ class Calibrator:
         return self._started().run_left - sum(len(m.iterations) for m, _ in self._history) - len(self._samples)
 
     def _complete(self) -> bool:
-        """Whether the iterations measured so far under the current plan complete its measurement:
-        a free one goes on towards the choice's longer window (:attr:`choice_s`, :attr:`choice_n`)."""
+        """Whether the current plan's iterations so far complete its measurement (a free one's
+        window is the choice's longer one: :attr:`choice_s`, :attr:`choice_n`)."""
         plan, free = self._state.plan, self._state.free
         assert plan is not None
         full = [self._full_s(plan, m) for _, m in self._samples]
@@ -489,17 +484,17 @@ class Calibrator:
         # measured again after it; re-simulating the scaled factors would not scale the seconds
         # no factor covers, and put the prediction slightly off its own price)
         plan = dataclasses.replace(best.plan, predicted_iteration_s=best.iteration_s)
-        first = min(i for m in history for i in m.iterations)
-        last = max(i for m in history for i in m.iterations)
+        measured_on = [i for m in history for i in m.iterations]
         runs = ", ".join(f"{describe_plan(m.plan)} {m.iteration_s:.3f} s (profiled {m.plan.predicted_iteration_s:.3f})"
                          for m in history)
         again = ""
         if len(history) > len(prices):  # one plan was measured again: the others priced at its pace now
-            now = [f"{describe_plan(m.plan)} {m.iteration_s:.3f} s" for k, m in prices.items() if k != history[-1].plan.key()]
+            again_key = history[-1].plan.key()
+            now = [f"{describe_plan(m.plan)} {m.iteration_s:.3f} s" for k, m in prices.items() if k != again_key]
             again = f"; measured again last, the others at its pace now: {', '.join(now)}"
         factors = ", ".join(f"{n} {f:.2f}x" for n, f in best.factors.items())
-        reason = (f"calibrated on iterations {first}-{last}: {runs}{again}; chosen {describe_plan(plan)}, predicted "
-                  f"{plan.predicted_iteration_s:.3f} s/iteration (measured/profiled per call: {factors}; runtime "
-                  f"{best.residual_s:+.3f} s/iteration)")
+        reason = (f"calibrated on iterations {min(measured_on)}-{max(measured_on)}: {runs}{again}; chosen "
+                  f"{describe_plan(plan)}, predicted {plan.predicted_iteration_s:.3f} s/iteration (measured/profiled "
+                  f"per call: {factors}; runtime {best.residual_s:+.3f} s/iteration)")
         return Calibrated(plan, rescale(profile, best.factors), tuple(history), tuple(prices.values()),
                           tuple(ranked), reason)
