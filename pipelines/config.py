@@ -1,6 +1,7 @@
 """The schema of an embodied training run: ``embodied train RECIPE key=value ...`` builds an
-:class:`EmbodiedConfig`. The sections every workflow shares (``run``, ``checkpoint``, ``cluster``,
-``logging``, ``plan``, ``eval``) are defined here too."""
+:class:`EmbodiedConfig`. What every workflow's run shares is here too: :class:`RunConfig`, the
+base of every workflow's schema (the recipe, the seed, resuming, and the ``run``, ``checkpoint``,
+``cluster``, ``logging`` and ``plan`` sections the Runner reads)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from policies.config import PolicyConfig
 
 
 @dataclass
-class RunConfig:
+class RunDirConfig:
     """Where the run writes."""
 
     dir: str | None = None
@@ -290,33 +291,46 @@ class WarmStartConfig:
 
 
 @dataclass
-class EmbodiedConfig:
-    """A training run of an embodied policy: envs, rollout and trainer workers, PPO or GRPO."""
+class RunConfig:
+    """What every workflow's run has, whatever it trains: the base of each workflow's schema,
+    which adds its own sections (workers, model, algorithm, evaluation). The Runner reads these
+    keys and three of the workflow's: ``algo.lr``, ``algo.anneal_lr`` (the learning rate it hands
+    each iteration) and ``eval.every``."""
 
-    workflow: Literal["embodied"] = "embodied"
-    """The workflow this schema belongs to (set by the recipe; ``embodied`` here)."""
+    workflow: str = ""
+    """The workflow this schema belongs to (set by the recipe; each workflow's schema names its own)."""
     recipe: str = ""
     """Name of the recipe this run started from."""
     description: str = ""
     """One line on what the recipe trains."""
     seed: int = 0
-    """Seeds torch, numpy, python and the envs (env i of worker r gets seed + 1000 * r + i)."""
+    """Seeds torch, numpy and python, and each worker's random streams."""
     resume: str | None = None
     """A run dir to continue from its latest checkpoint."""
     resume_fallback: bool = False
     """With ``resume``: when the latest checkpoint is corrupt (a kill or a full disk while it was
     written), continue from the newest intact one instead of stopping with an error."""
-    run: RunConfig = field(default_factory=RunConfig)
+    run: RunDirConfig = field(default_factory=RunDirConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+
+
+@dataclass
+class EmbodiedConfig(RunConfig):
+    """A training run of an embodied policy: envs, rollout and trainer workers, PPO or GRPO."""
+
+    workflow: Literal["embodied"] = "embodied"
+    """The workflow this schema belongs to (set by the recipe; ``embodied`` here)."""
+    seed: int = 0
+    """Seeds torch, numpy, python and the envs (env i of worker r gets seed + 1000 * r + i)."""
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     algo: EmbodiedAlgoConfig = field(default_factory=EmbodiedAlgoConfig)
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    plan: PlanConfig = field(default_factory=PlanConfig)
 
     def __post_init__(self) -> None:
         problems = []

@@ -68,9 +68,10 @@ class Runner:
     # --- setup -------------------------------------------------------------------------------------
     def plan(self, cluster: Cluster) -> PlanResult | None:
         """Profile (cached) and plan; sets :attr:`layout`. Returns the planner's result (None when
-        ``plan.profile=false``: every worker on every core, ``plan.chunks`` as given)."""
+        ``plan.profile=false`` or the workflow has no cost model: every worker on every core,
+        ``plan.chunks`` as given)."""
         cfg = self.cfg
-        if not cfg.plan.profile:
+        if not cfg.plan.profile or not self.workflow.has_cost_model():
             self.layout = self.workflow.unplanned_layout()
             return None
         self.workflow.machine(cluster)  # the devices the plan is made for (every node's, on a cluster)
@@ -335,10 +336,14 @@ class Runner:
         rates = [r[key] for r in read_metrics(self.run_dir.path) if r.get(key)]
         return float(np.mean(rates)) if rates else None
 
-    def checkpoint(self, wall_s: float) -> Path:
+    def checkpoint(self, wall_s: float) -> Path | None:
+        """Save the workflow's state as the checkpoint of this iteration (None: the workflow keeps
+        no state, :meth:`Workflow.trainer_state`)."""
         assert self.run_dir is not None
         self.doing = f"saving the checkpoint of iteration {self.iteration}"
         state = self.workflow.trainer_state()
+        if state is None:
+            return None
         generator = state.get("generator")
         return save_checkpoint(
             self.run_dir.path / "checkpoints",

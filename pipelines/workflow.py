@@ -9,6 +9,21 @@ The Runner (``pipelines/runner.py``) drives every workflow the same way: profile
 (:meth:`Workflow.trainer_state`), evaluation (:meth:`Workflow.evaluate`) and re-planning on drift
 (:meth:`Workflow.measured_factors`). A new workflow implements these verbs and never copies the
 run loop.
+
+What a workflow must write, and what it may add:
+
+* **required**: :attr:`~Workflow.steps_per_iteration`, :attr:`~Workflow.total_steps`,
+  :meth:`~Workflow.build` and :meth:`~Workflow.iterate`. Such a workflow runs on a fixed layout
+  (:meth:`Workflow.unplanned_layout`: every component on every core, ``plan.chunks`` chunks),
+  writes no checkpoints and reports no evaluation.
+* **state**: :meth:`~Workflow.trainer_state` and :meth:`~Workflow.load_trainer_state` (checkpoints
+  and ``resume=``), :meth:`~Workflow.check_checkpoint` (a resume that does not fit fails before it
+  writes); :meth:`~Workflow.evaluate` (``eval/*`` metrics).
+* **a cost model** (planning): :meth:`~Workflow.macro_flow`, :meth:`~Workflow.profile`,
+  :meth:`~Workflow.plan` and :meth:`~Workflow.measured_factors`, all four (a workflow that defines
+  some of them is refused when its class is defined), and :meth:`~Workflow.apply` to switch the
+  running workers to another layout. With them the Runner profiles, plans, calibrates and
+  re-plans (:meth:`Workflow.has_cost_model`).
 """
 
 from __future__ import annotations
@@ -19,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from embodied.errors import UserError
 from embodied.progress import EPISODE_METRICS
 from embodied.registry import Registry
 from embodied.runtime import Cluster
@@ -26,7 +42,10 @@ from pipelines.layout import Layout, Machine
 from scheduler import Plan, PlanResult, Profile, Resources, predict
 from scheduler import MacroFlow
 
-__all__ = ["WORKFLOWS", "Layout", "Machine", "Workflow", "WorkflowSpec", "cpu_resources", "schema_of"]
+__all__ = ["COST_MODEL", "WORKFLOWS", "Layout", "Machine", "Workflow", "WorkflowSpec", "cpu_resources", "schema_of"]
+
+#: the methods of a workflow's cost model: a workflow plans when it defines all of them
+COST_MODEL = ("macro_flow", "profile", "plan", "measured_factors")
 
 
 def cpu_resources(num_cpus: int | None) -> Resources:
@@ -35,10 +54,12 @@ def cpu_resources(num_cpus: int | None) -> Resources:
 
 
 class Workflow(ABC):
-    """One macro flow. Subclasses set :attr:`components` and implement the abstract verbs."""
+    """One macro flow. Subclasses implement the abstract verbs (sizes, :meth:`build`,
+    :meth:`iterate`) and add state, evaluation and a cost model where their runs need them (see
+    the module docstring)."""
 
     #: the planner's component names, in flow order (``env``, ``rollout``, ``trainer``, ...)
-    components: tuple[str, ...]
+    components: tuple[str, ...] = ()
     #: the unit of ``steps_per_iteration`` in progress displays (``steps``, ``prompts``)
     unit: str = "steps"
     #: what the progress display and ``summary.json`` report of the last iteration: (label, metric key)
@@ -54,6 +75,24 @@ class Workflow(ABC):
         # (plan key, planner workflow) -> (the profile it was priced on, predicted seconds)
         self._predictions: dict[tuple, tuple[Profile, float]] = {}
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        defined = [name for name in COST_MODEL if getattr(cls, name) is not getattr(Workflow, name)]
+        if defined and len(defined) < len(COST_MODEL):
+            missing = [name for name in COST_MODEL if name not in defined]
+            raise TypeError(f"{cls.__name__} defines {', '.join(defined)} but not {', '.join(missing)}: a cost model "
+                            f"is all of {', '.join(COST_MODEL)} (or none of them: the workflow runs unplanned)")
+
+    @classmethod
+    def has_cost_model(cls) -> bool:
+        """Whether the workflow can be planned: it defines every method of :data:`COST_MODEL`
+        (else the Runner runs it on :meth:`unplanned_layout`, without profiling or re-planning)."""
+        return all(getattr(cls, name) is not getattr(Workflow, name) for name in COST_MODEL)
+
+    def _no_cost_model(self, method: str) -> NotImplementedError:
+        return NotImplementedError(f"{type(self).__name__} has no cost model ({method} is one of "
+                                   f"{', '.join(COST_MODEL)}): it runs unplanned, with plan.profile=false")
+
     def preflight(self) -> tuple[Any, ...]:
         """Check the config's inputs (files, models, envs) before a run dir is written; raise a
         UserError naming what to fix. Returns what :meth:`check_checkpoint` needs after the
@@ -62,6 +101,8 @@ class Workflow(ABC):
 
     def describe(self) -> str:
         """One line on what an iteration does, for ``embodied plan``."""
+        if not self.has_cost_model():
+            return f"{self.steps_per_iteration} {self.unit} per iteration"
         fields = self.macro_flow().to_dict()
         return ", ".join(f"{k}={v}" for k, v in fields.items() if v not in (0, None, False))
 
@@ -105,10 +146,10 @@ class Workflow(ABC):
         """``plan`` laid out on this workflow's machine and ranks."""
         return Layout.of(plan, self.machine(), self.ranks_for(plan))
 
-    @abstractmethod
     def macro_flow(self, metrics: dict[str, Any] | None = None) -> MacroFlow:
         """The macro flow as the planner sees it; with an iteration's ``metrics``, that iteration
-        as it ran (an episodic iteration may end early)."""
+        as it ran (an episodic iteration may end early). Part of the cost model."""
+        raise self._no_cost_model("macro_flow")
 
     def shape_scale(self, plan: Plan, profile: Profile, metrics: dict[str, Any]) -> float:
         """The predicted seconds of the iteration ``metrics`` describe over those of a full one under
@@ -142,29 +183,35 @@ class Workflow(ABC):
             hit = self._predictions[key] = (profile, predict(plan, profile, workflow, self.resources())[0])
         return hit[1]
 
-    @abstractmethod
     def profile(self, cluster: Cluster, force: bool, log: Callable[[str], None]) -> Profile:
-        """Measure (or read from the cache) the components' costs on this machine."""
+        """Measure (or read from the cache) the components' costs on this machine. Part of the
+        cost model."""
+        raise self._no_cost_model("profile")
 
-    @abstractmethod
     def plan(self, profile: Profile) -> PlanResult:
-        """The planner's ranked candidates for this workflow (honouring ``plan.*`` overrides)."""
+        """The planner's ranked candidates for this workflow (honouring ``plan.*`` overrides).
+        Part of the cost model."""
+        raise self._no_cost_model("plan")
 
     def unplanned_layout(self) -> Layout:
+        """The fixed layout of a run without a plan: every component on every core, not pinned,
+        ``plan.chunks`` (default 1) chunks."""
         return Layout.unplanned(self.components, len(self.resources()), self.cfg.plan.chunks or 1, self.ranks())
 
-    @abstractmethod
     def measured_factors(self, profile: Profile, layout: Layout, metrics: dict[str, Any]) -> dict[str, float]:
-        """Measured / predicted seconds per component in one iteration's ``metrics`` (re-planning)."""
+        """Measured / predicted seconds per component in one iteration's ``metrics`` (calibration,
+        re-planning, learning). Part of the cost model."""
+        raise self._no_cost_model("measured_factors")
 
     # --- running -----------------------------------------------------------------------------------
     @abstractmethod
     def build(self, cluster: Cluster, layout: Layout, profile: Profile | None) -> None:
         """Create the worker groups and channels for ``layout``."""
 
-    @abstractmethod
     def apply(self, layout: Layout) -> None:
-        """Reconfigure the running workers for a new layout (between iterations)."""
+        """Reconfigure the running workers for a new layout (between iterations; only a planned
+        run switches layouts: calibration and re-planning)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot switch its workers to another layout (apply)")
 
     def switch(self, layout: Layout, profile: Profile | None = None) -> None:
         """Run ``layout`` from the next iteration: reconfigure the workers (:meth:`apply`) when its
@@ -187,22 +234,26 @@ class Workflow(ABC):
     def drain(self, lr: float) -> None:
         """Train on anything collected but not yet trained on (the run is ending)."""
 
-    @abstractmethod
-    def trainer_state(self) -> dict[str, Any]:
-        """What a checkpoint holds: ``model``, ``optimizer`` (tensors), ``version``, ..."""
+    def trainer_state(self) -> dict[str, Any] | None:
+        """What a checkpoint holds: ``model``, ``optimizer`` (tensors), ``version``, ... None (the
+        default): the workflow keeps no state, and the run writes no checkpoints."""
+        return None
 
-    @abstractmethod
     def load_trainer_state(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint's state."""
+        raise UserError(f"The {type(self).__name__} workflow writes no checkpoints, so resume= cannot continue it: "
+                        "start a new run")
 
-    @abstractmethod
     def check_checkpoint(self, checkpoint: Path, *spaces: Any) -> None:
         """Raise a UserError naming every difference when ``checkpoint`` does not fit the model
-        this config builds (before a resume writes anything)."""
+        this config builds (before a resume writes anything). The default checks nothing beyond
+        :meth:`load_trainer_state`."""
+        if type(self).trainer_state is Workflow.trainer_state:
+            self.load_trainer_state({})  # refuses: this workflow keeps no state to resume
 
-    @abstractmethod
     def evaluate(self, video_dir: Path | None) -> dict[str, Any]:
-        """Evaluate the trainer's current weights (``eval/*`` metrics)."""
+        """Evaluate the trainer's current weights (``eval/*`` metrics); the default has none."""
+        return {}
 
     def locations(self) -> dict[str, list[dict[str, Any]]]:
         """Where each rank of each worker group runs (``plan.json``'s ``workers``): host, Ray

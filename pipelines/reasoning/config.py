@@ -1,7 +1,8 @@
 """The schema of a reasoning-RL run: ``embodied train reasoning_grpo ...`` builds a :class:`ReasoningConfig`.
 
-GRPO on a causal language model with rule-checked rewards. The sections every workflow shares
-(``run``, ``checkpoint``, ``cluster``, ``logging``, ``plan``) come from :mod:`pipelines.config`; the
+GRPO on a causal language model with rule-checked rewards. What every workflow's run shares (the
+recipe, the seed, resuming, the ``run``, ``checkpoint``, ``cluster``, ``logging`` and ``plan``
+sections) comes from :class:`pipelines.config.RunConfig`; the
 algorithm section extends :class:`embodied.algorithms.AlgoConfig` (veRL's names, TRL's as aliases)
 with its own schedule. Key names follow veRL where a user knows them from there:
 
@@ -28,8 +29,7 @@ from typing import ClassVar, Literal
 
 from embodied.algorithms import AlgoConfig
 from embodied.config import Alias
-from embodied.runtime.cluster import ClusterConfig
-from pipelines.config import CheckpointConfig, LoggingConfig, PlanConfig, RunConfig
+from pipelines.config import RunConfig
 from pipelines.reasoning.data import DataConfig
 from pipelines.reasoning.sft import SFTConfig
 from pipelines.reasoning.verifiers import RewardConfig
@@ -213,24 +213,13 @@ class LMPolicyConfig(PolicyConfig):
 
 
 @dataclass
-class ReasoningConfig:
+class ReasoningConfig(RunConfig):
     """A GRPO run of a causal language model on verifiable problems: rollout, reward and trainer workers."""
 
     workflow: Literal["reasoning"] = "reasoning"
     """The workflow this schema belongs to (set by the recipe)."""
-    recipe: str = ""
-    """Name of the recipe this run started from."""
-    description: str = ""
-    """One line on what the recipe trains."""
     seed: int = 0
     """Seeds torch, numpy and python, the prompt order and each rollout rank's sampling."""
-    resume: str | None = None
-    """A run dir to continue from its latest checkpoint."""
-    resume_fallback: bool = False
-    """With ``resume``: continue from the newest intact checkpoint when the latest is corrupt."""
-    run: RunConfig = field(default_factory=RunConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     workers: ReasoningWorkersConfig = field(default_factory=ReasoningWorkersConfig)
     policy: LMPolicyConfig = field(default_factory=LMPolicyConfig)
     data: ReasoningDataConfig = field(default_factory=ReasoningDataConfig)
@@ -238,8 +227,6 @@ class ReasoningConfig:
     algo: ReasoningAlgoConfig = field(default_factory=ReasoningAlgoConfig)
     eval: ReasoningEvalConfig = field(default_factory=ReasoningEvalConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    plan: PlanConfig = field(default_factory=PlanConfig)
 
     def __post_init__(self) -> None:
         problems = []
