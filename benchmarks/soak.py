@@ -7,8 +7,8 @@ growth from the start to the end of the rest is reported, per process and for th
     python -m benchmarks.soak [--minutes 60] [--interval-s 5] [--warmup-min 5] [RECIPE ...] [--set key=value ...]
 
 Each recipe (default: the default job, ``maniskill_pushcube_ppo``) trains ``--minutes`` in a
-temporary run dir (the warm-up counts from its first logged iteration, after profiling and the
-workers' start) (``algo.total_env_steps`` too large to finish; checkpoints as the recipe
+temporary run dir (the warm-up counts from its first logged iteration on its settled plan, after
+profiling, the workers' start and the calibration's candidate plans, which restart workers) (``algo.total_env_steps`` too large to finish; checkpoints as the recipe
 says), then gets a Ctrl-C (SIGINT to its process group: the iteration finishes, a checkpoint is
 written) and must end. Growth is the median of the last window of samples over the median of the
 first window after the warm-up (each window a tenth of the samples after the warm-up, at least 3),
@@ -20,6 +20,7 @@ The result goes to ``benchmarks/results/soak.json``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import statistics
@@ -279,11 +280,20 @@ def train_command(recipe: str, run_dir: Path, overrides: Sequence[str]) -> list[
     return [sys.executable, "-m", "pipelines.cli", "train", recipe, f"run.dir={run_dir}", *SOAK_OVERRIDES, *overrides]
 
 
-def _logged_iterations(run_dir: Path) -> int:
+def training_settled(run_dir: Path) -> bool:
+    """Whether the run logged an iteration on its settled plan: after profiling, the workers'
+    start and the calibration's measured candidate plans (rows with ``plan/calibrating``), each
+    of which restarts workers."""
     try:
-        return (run_dir / "metrics.jsonl").read_text().count("\n")
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     except OSError:
-        return 0
+        return False
+    for line in reversed(lines):
+        try:
+            return not json.loads(line).get("plan/calibrating")
+        except ValueError:  # a row being written
+            continue
+    return False
 
 
 def format_report(recipe: str, minutes: float, result: dict[str, Any]) -> str:
@@ -305,7 +315,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--minutes", type=float, default=60.0, help="training time per recipe")
     parser.add_argument("--interval-s", type=float, default=5.0, help="seconds between samples")
     parser.add_argument("--warmup-min", type=float, default=None,
-                        help="minutes after the first logged iteration left out before growth is measured (default: a "
+                        help="minutes after the first iteration on the settled plan left out before growth is measured (default: a "
                              "sixth of --minutes, at most 5)")
     parser.add_argument("--set", dest="overrides", nargs="*", default=[], help="config overrides for every recipe")
     add_output_args(parser, "soak")
@@ -318,7 +328,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"[soak] {recipe}: training {args.minutes:g} min, a sample every {args.interval_s:g} s", flush=True)
             run_dir = Path(tmp) / "run"
             result = soak(train_command(recipe, run_dir, args.overrides), args.minutes * 60, args.interval_s,
-                          warmup_min * 60, env=env, ready=lambda: _logged_iterations(run_dir) >= 1)
+                          warmup_min * 60, env=env, ready=lambda: training_settled(run_dir))
         print(format_report(recipe, args.minutes, result), flush=True)
         runs[recipe] = {"minutes": args.minutes, "interval_s": args.interval_s, "overrides": list(args.overrides), **result}
     out = {"target_pct": TARGET_PCT, "checked": list(CHECKED), "runs": runs,

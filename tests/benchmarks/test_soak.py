@@ -63,3 +63,14 @@ def test_soak_samples_a_real_process_tree_and_sees_its_growth(tmp_path):
     assert result["ok"] is False
     assert result["exit_code"] != 0  # stopped by its Ctrl-C
     assert len(result["series"]) == result["samples"] and result["series"][0]["t_s"] == 0.0
+
+
+def test_a_training_job_is_settled_once_it_logs_an_iteration_off_calibration(tmp_path):
+    from benchmarks.soak import training_settled
+
+    assert not training_settled(tmp_path)
+    rows = tmp_path / "metrics.jsonl"
+    rows.write_text('{"iteration": 1, "plan/calibrating": true}\n')
+    assert not training_settled(tmp_path)
+    rows.write_text(rows.read_text() + '{"iteration": 2}\n{"iteration": 3, "env_st')  # a torn last row
+    assert training_settled(tmp_path)
