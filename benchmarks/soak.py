@@ -239,7 +239,7 @@ def soak(command: Sequence[str], seconds: float, interval_s: float, warmup_s: fl
             samples.append(sample(proc.pid))
             if ready_t is None and ready is not None and ready():
                 ready_t = t
-                log(f"[soak] the job began its work after {t - samples[0]['t_s']:.0f} s; warm-up {warmup_s / 60:g} min")
+                log(f"[soak] the job is at work after {t - samples[0]['t_s']:.0f} s; warm-up {warmup_s / 60:g} min more")
             if t >= next_log:
                 row = totals(samples[-1])
                 log(f"[soak] {len(samples)} samples, {(t_end - t) / 60:.1f} min left: {row['processes']} processes, "
@@ -250,8 +250,9 @@ def soak(command: Sequence[str], seconds: float, interval_s: float, warmup_s: fl
     finally:
         exit_code = _stop(proc, stop_timeout_s)
     stderr = proc.stderr.read() if proc.stderr else ""
-    result = analyze(samples, warmup_s, ready_t) if ready_t is not None else analyze([], warmup_s)
-    result["samples"] = len(samples)
+    # a job that never began its work is measured from its start (and says so)
+    result = analyze(samples, warmup_s, ready_t)
+    result["ready"] = ready_t is not None
     result.update(exit_code=exit_code, ended_before_the_end=ended_early,
                   stderr_tail=stderr[-2000:] if ended_early else "",
                   series=[{"t_s": round(s["t_s"] - samples[0]["t_s"], 1), **{k: (round(v, 2) if isinstance(v, float) else v)
@@ -297,8 +298,10 @@ def training_settled(run_dir: Path) -> bool:
 
 
 def format_report(recipe: str, minutes: float, result: dict[str, Any]) -> str:
-    lines = [f"{recipe}: {minutes:g} min, {result['samples']} samples ({result['samples_after_warmup']} after "
-             f"{result['warmup_s'] / 60:g} min of warm-up), exit code {result['exit_code']}",
+    began = (f"on its settled plan after {result['ready_after_s']:g} s" if result.get("ready")
+             else "never on a settled plan: measured from its start")
+    lines = [f"{recipe}: {minutes:g} min, {result['samples']} samples, {began}; {result['samples_after_warmup']} after "
+             f"{result['warmup_s'] / 60:g} more min of warm-up; exit code {result['exit_code']}",
              f"  {'metric':<18} {'start':>10} {'end':>10} {'max':>10} {'growth':>8}"]
     for key, g in result["job"].items():
         if g is not None:
