@@ -2,7 +2,7 @@
 
     mode = RUN_MODES.get(plan.mode)(setup)     # colocated, disaggregated, hybrid, shared, streams
     mode.start(layout, pins, requests(cfg, layout))  # its worker groups, reserving what the layout says
-    mode.connect()                             # its channels
+    mode.connect(layout)                       # its channels
     env_f, roll_f = mode.collect(T, trajectories, iteration)   # one collection (the same future in streams)
     mode.reconfigure(layout, pins, checked)    # another layout of a mode with the same wiring
 
@@ -119,6 +119,8 @@ class RunMode(ABC):
     wiring: ClassVar[str]
     """Modes of one wiring run the same worker groups: re-planning between them hands the groups
     over (:meth:`adopt`); between wirings the old groups end before the new ones reserve."""
+    group_names: ClassVar[tuple[str, ...]]
+    """The attributes that hold the mode's worker groups, in flow order (None before :meth:`start`)."""
     floating: ClassVar[frozenset[str]] = frozenset()
     """Components whose ranks run one thread each, unpinned on the pool (the OS shares its cores)."""
 
@@ -165,9 +167,9 @@ class RunMode(ABC):
     def acting(self) -> WorkerGroup:
         """The group that acts with the synced weights and sends the batches to the trainer."""
 
-    @abstractmethod
     def groups(self) -> list[WorkerGroup]:
         """The running groups, in flow order."""
+        return [g for g in (getattr(self, name) for name in self.group_names) if g is not None]
 
     def load_weights(self, weights: Any) -> GroupFuture:
         """Load a weight payload (a handle to the trainer's export) into every acting rank."""
@@ -180,9 +182,12 @@ class RunMode(ABC):
         the same future where one call makes both."""
 
     def adopt(self, other: RunMode) -> None:
-        """Take over the groups of ``other``, a mode of the same wiring."""
-        assert other.wiring == self.wiring
-        self.__dict__.update({k: v for k, v in other.__dict__.items() if k != "setup"})
+        """Take over the groups of ``other``, a mode of the same wiring (:meth:`connect` makes the
+        channels anew)."""
+        assert other.wiring == self.wiring and other.group_names == self.group_names
+        self.spaces = other.spaces
+        for name in self.group_names:
+            setattr(self, name, getattr(other, name))
 
     @abstractmethod
     def reconfigure(self, layout: Layout, pins: Pins, checked: Callable[[Layout], Requests]) -> list[GroupFuture]:
@@ -194,7 +199,8 @@ class RunMode(ABC):
         """End every group (env processes end with their worker)."""
         for group in self.groups():
             group.shutdown()
-        self.__dict__.update({k: None for k, v in self.__dict__.items() if isinstance(v, WorkerGroup)})
+        for name in self.group_names:
+            setattr(self, name, None)
 
 
 RUN_MODES: Registry[type[RunMode]] = Registry("plan mode")
@@ -215,6 +221,7 @@ class Pipelined(RunMode):
     or partly shared) is the layout's; the wiring is the same."""
 
     wiring = "channels"
+    group_names = ("env", "rollout")
 
     def __init__(self, setup: ModeSetup) -> None:
         super().__init__(setup)
@@ -253,9 +260,6 @@ class Pipelined(RunMode):
     def acting(self) -> WorkerGroup:
         assert self.rollout is not None, "no rollout ranks before start()"
         return self.rollout
-
-    def groups(self) -> list[WorkerGroup]:
-        return [g for g in (self.env, self.rollout) if g is not None]
 
     def collect(self, num_steps: int, trajectories: Channel, iteration: int) -> tuple[GroupFuture, GroupFuture]:
         assert self.env is not None and self.rollout is not None
@@ -313,6 +317,7 @@ class Streams(RunMode):
     worker (the streams split its envs) and Ray workers, on one node."""
 
     wiring = "streams"
+    group_names = ("stream",)
 
     def __init__(self, setup: ModeSetup) -> None:
         super().__init__(setup)
@@ -348,9 +353,6 @@ class Streams(RunMode):
     def acting(self) -> WorkerGroup:
         assert self.stream is not None, "no stream ranks before start()"
         return self.stream
-
-    def groups(self) -> list[WorkerGroup]:
-        return [self.stream] if self.stream is not None else []
 
     def collect(self, num_steps: int, trajectories: Channel, iteration: int) -> tuple[GroupFuture, GroupFuture]:
         # each stream steps its envs and acts in them: one call makes both halves
