@@ -282,5 +282,6 @@ def schema_of(data: dict[str, Any]) -> type:
     """The config class of a recipe's dict (its ``workflow`` key; ``embodied`` by default)."""
     import pipelines.onpolicy.workflow  # noqa: F401  (registers the built-in workflows)
     import pipelines.reasoning.workflow  # noqa: F401
+    import pipelines.offpolicy.workflow  # noqa: F401
 
     return WORKFLOWS.get(str(data.get("workflow", "embodied"))).config
