@@ -26,7 +26,6 @@ import yaml
 from embodied.errors import ConfigError, did_you_mean
 
 C = TypeVar("C")
-_MISSING = object()
 
 
 def type_name(tp: Any) -> str:

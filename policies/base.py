@@ -24,7 +24,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-import gymnasium as gym
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
@@ -112,13 +111,3 @@ class Policy(nn.Module, ABC):
         its action tokens). Behaviour cloning scores demonstrations with it."""
         return env_actions
 
-
-def space_dims(observation_space: gym.spaces.Dict, action_space: gym.spaces.Space) -> tuple[int, int, bool]:
-    """(state dim, action dim or number of discrete actions, is_discrete) for one env."""
-    state = observation_space["state"]
-    obs_dim = int(torch.tensor(state.shape).prod().item())
-    if isinstance(action_space, gym.spaces.Discrete):
-        return obs_dim, int(action_space.n), True
-    if isinstance(action_space, gym.spaces.Box):
-        return obs_dim, int(torch.tensor(action_space.shape).prod().item()), False
-    raise TypeError(f"unsupported action space {action_space}")

@@ -1,21 +1,18 @@
-"""The runtime: cluster, workers, worker groups and channels."""
+"""The runtime: cluster, workers, worker groups (their calls' futures and errors) and channels."""
 
 from embodied.runtime.channel import Channel, default_route
 from embodied.runtime.cluster import Cluster, ClusterConfig, NodeInfo
-from embodied.runtime.mailbox import ChannelTimeout
-from embodied.runtime.worker import (
-    Endpoint,
+from embodied.runtime.futures import (
     GroupFuture,
     Location,
-    RankResources,
-    Worker,
     WorkerEnvError,
     WorkerError,
-    WorkerGroup,
     WorkerTimeout,
     WorkerUserError,
     wait_all,
 )
+from embodied.runtime.mailbox import ChannelTimeout
+from embodied.runtime.worker import Endpoint, RankResources, Worker, WorkerGroup
 
 __all__ = [
     "Channel",

@@ -38,16 +38,16 @@ import torch
 
 from embodied.config import to_dict
 from embodied.profiler import Probe, cache_key, load_cached
-from embodied.runtime import Channel, Cluster, wait_all
+from embodied.runtime import Channel, Cluster, WorkerGroup, wait_all
 from embodied.seeding import RngStream
 from pipelines.onpolicy.planning import prefer_simple
 from pipelines.probes import Echo, fit_threads, probe_transfer, store_profile
 from pipelines.reasoning.config import ReasoningConfig
 from pipelines.reasoning.data import PromptRecord
-from pipelines.reasoning.prompts import PromptReader, chunk_prompts
+from pipelines.reasoning.prompts import PromptDraw, PromptReader, chunk_prompts
 from pipelines.reasoning.rollout import ROLLOUT_BACKENDS
 from pipelines.reasoning.samples import GeneratedChunk
-from pipelines.reasoning.workers import RewardWorker, RolloutWorker, start_groups
+from pipelines.reasoning.workers import RewardWorker, RolloutWorker, TrainerWorker, start_groups
 from pipelines.onpolicy.workers import Pinning
 from pipelines.workflow import Layout, cpu_resources
 from scheduler import (
@@ -242,6 +242,86 @@ class WorkerProbes:
     transfer: tuple[float, float]
 
 
+def _pinnings(layouts: dict[int, dict[str, tuple[int, ...]]], threads: int) -> dict[str, Pinning]:
+    """Each worker's pinning under the probe layout of ``threads`` threads (the reward's: one thread)."""
+    return {c: Pinning(placed, 1 if c == "reward" else threads) for c, placed in layouts[threads].items()}
+
+
+@dataclasses.dataclass
+class _ProbeRounds:
+    """The profiling groups, and one round of an iteration's phases on them (:func:`probe_workers`)."""
+
+    cfg: ReasoningConfig
+    draws: list[PromptDraw]
+    layouts: dict[int, dict[str, tuple[int, ...]]]
+    rollout: WorkerGroup[RolloutProbeWorker]
+    reward: WorkerGroup[RewardProbeWorker]
+    trainer: WorkerGroup[TrainerWorker]
+    rounds: int = 0
+
+    @property
+    def minibatch(self) -> int:
+        """Responses per minibatch: the trainer trains on whole ones."""
+        return self.cfg.data.train_batch_size // self.cfg.algo.num_minibatches * self.cfg.algo.group_size
+
+    def configure(self, threads: int, offload: bool = False) -> None:
+        placed = _pinnings(self.layouts, threads)
+        wait_all(self.rollout.remote.configure(placed["rollout"]), self.reward.remote.configure(placed["reward"]),
+                 self.trainer.remote.configure(placed["trainer"], offload))
+
+    def one_round(self, size: int) -> dict[str, float]:
+        """The weight sync, then ``generate``, ``score`` and (at whole minibatches) ``train`` of one
+        chunk of ``size`` responses: each one's seconds, and the trainer's offload seconds."""
+        self.rounds += 1
+        t0 = time.perf_counter()
+        weights = self.trainer.remote.export_weights()
+        self.rollout.remote.load_weights(weights.handle(0)).wait()
+        out = {"sync": time.perf_counter() - t0}
+        generated = Channel(f"profile-generated-{self.rounds}", self.reward, phase=True, source="rollout")
+        scored = Channel(f"profile-scored-{self.rounds}", self.trainer, phase=True, source="reward")
+        prompts = chunk_prompts(self.draws[: size // self.cfg.algo.group_size], 1)
+        gen_f = self.rollout.remote.generate(prompts, generated).as_phase()
+        score_f = self.reward.remote.score(1, generated, scored).as_phase()
+        out["rollout"] = sum(r["generate_s"] for r in gen_f.wait())
+        out["reward"] = sum(r["reward_s"] for r in score_f.wait())
+        if size % self.minibatch == 0:
+            stats = self.trainer.remote.train(scored, 1, self.cfg.algo.lr).as_phase().result()
+            out["trainer"] = stats["time/train_s"]
+            out.update({k: v for k, v in stats.items() if k.startswith("offload/")})
+        return out
+
+    def close(self) -> None:
+        for group in (self.rollout, self.reward):
+            group.remote.close().wait(timeout_s=30)
+        for group in (self.rollout, self.reward, self.trainer):
+            group.shutdown()
+
+
+def _time_sizes(rounds: _ProbeRounds, probes: dict[str, Probe], log: Callable[[str], None]) -> list[float]:
+    """Per size of :func:`_sample_sizes` and thread count, the median of ``PROBE_REPEATS`` rounds
+    after an untimed one, added to ``probes``; returns every timed round's weight sync seconds.
+    The thread counts take turns round by round, so that load from other processes on a shared
+    machine falls on both alike (their comparison decides the workers' threads)."""
+    sync: list[float] = []
+    for size in _sample_sizes(rounds.cfg):
+        timed: dict[int, list[dict[str, float]]] = {threads: [] for threads in rounds.layouts}
+        for repeat in range(PROBE_REPEATS + 1):
+            for threads in sorted(rounds.layouts):
+                rounds.configure(threads)
+                measured = rounds.one_round(size)
+                if repeat:  # the first round of each is a warm-up
+                    timed[threads].append(measured)
+        for threads, rounds_ in timed.items():
+            for name, probe in probes.items():
+                if name in rounds_[0]:
+                    probe.add(size, 1 if name == "reward" else threads, statistics.median(t[name] for t in rounds_))
+            sync.extend(t["sync"] for t in rounds_)
+            train = f", train {probes['trainer'].samples[-1][2] * 1e3:7.1f} ms" if "trainer" in rounds_[0] else ""
+            log(f"  {size:>5} responses, {threads} thread(s): generate {probes['rollout'].samples[-1][2] * 1e3:7.1f} ms, "
+                f"score {probes['reward'].samples[-1][2] * 1e3:6.2f} ms{train}")
+    return sync
+
+
 def probe_workers(cfg: ReasoningConfig, prompts: list[PromptRecord], cluster: Cluster, cores: int,
                   log: Callable[[str], None] = print, message_mib: float = 1.0) -> WorkerProbes:
     """Time the workers a run builds (:func:`~pipelines.reasoning.workers.start_groups`) on their
@@ -256,74 +336,22 @@ def probe_workers(cfg: ReasoningConfig, prompts: list[PromptRecord], cluster: Cl
     the reward's workers, where each group has one rank (else between two workers started for it).
 
     Timing the model in the driver missed what the workers pay in a run (docs/reasoning.md)."""
-    G = cfg.algo.group_size
-    mb = cfg.data.train_batch_size // cfg.algo.num_minibatches * G
-    draws = PromptReader(prompts, cfg.data.train_batch_size, cfg.seed).draws(0)
     layouts = probe_layouts(cores)
-
-    def pin(threads: int) -> dict[str, Pinning]:
-        return {c: Pinning(placed, 1 if c == "reward" else threads) for c, placed in layouts[threads].items()}
-
-    rollout, reward, trainer = start_groups(cluster, cfg, pin(1), False, prefix="profile-",
+    draws = PromptReader(prompts, cfg.data.train_batch_size, cfg.seed).draws(0)
+    rollout, reward, trainer = start_groups(cluster, cfg, _pinnings(layouts, 1), False, prefix="profile-",
                                             rollout_cls=RolloutProbeWorker, reward_cls=RewardProbeWorker)
+    rounds = _ProbeRounds(cfg, draws, layouts, rollout, reward, trainer)
     probes = {"rollout": Probe("rollout"), "reward": Probe("reward", scaling_exponent=0.0), "trainer": Probe("trainer")}
-    sync: list[float] = []
-    rounds = 0
-
-    def one_round(size: int) -> dict[str, float]:
-        nonlocal rounds
-        rounds += 1
-        t0 = time.perf_counter()
-        weights = trainer.remote.export_weights()
-        rollout.remote.load_weights(weights.handle(0)).wait()
-        out = {"sync": time.perf_counter() - t0}
-        generated = Channel(f"profile-generated-{rounds}", reward, phase=True, source="rollout")
-        scored = Channel(f"profile-scored-{rounds}", trainer, phase=True, source="reward")
-        gen_f = rollout.remote.generate(chunk_prompts(draws[: size // G], 1), generated).as_phase()
-        score_f = reward.remote.score(1, generated, scored).as_phase()
-        out["rollout"] = sum(r["generate_s"] for r in gen_f.wait())
-        out["reward"] = sum(r["reward_s"] for r in score_f.wait())
-        if size % mb == 0:  # the trainer takes whole minibatches
-            stats = trainer.remote.train(scored, 1, cfg.algo.lr).as_phase().result()
-            out["trainer"] = stats["time/train_s"]
-            out.update({k: v for k, v in stats.items() if k.startswith("offload/")})
-        return out
-
-    def configure(threads: int) -> None:
-        placed = pin(threads)
-        wait_all(rollout.remote.configure(placed["rollout"]), reward.remote.configure(placed["reward"]),
-                 trainer.remote.configure(placed["trainer"], False))
-
     try:
-        for size in _sample_sizes(cfg):
-            # the thread counts take turns round by round, so that load from other processes on a
-            # shared machine falls on both alike (their comparison decides the workers' threads)
-            timed: dict[int, list[dict[str, float]]] = {threads: [] for threads in layouts}
-            for repeat in range(PROBE_REPEATS + 1):
-                for threads in sorted(layouts):
-                    configure(threads)
-                    measured = one_round(size)
-                    if repeat:  # the first round of each is a warm-up
-                        timed[threads].append(measured)
-            for threads, rounds_ in timed.items():
-                for name, probe in probes.items():
-                    if name in rounds_[0]:
-                        probe.add(size, 1 if name == "reward" else threads, statistics.median(t[name] for t in rounds_))
-                sync.extend(t["sync"] for t in rounds_)
-                train = f", train {probes['trainer'].samples[-1][2] * 1e3:7.1f} ms" if "trainer" in rounds_[0] else ""
-                log(f"  {size:>5} responses, {threads} thread(s): generate {probes['rollout'].samples[-1][2] * 1e3:7.1f} ms, "
-                    f"score {probes['reward'].samples[-1][2] * 1e3:6.2f} ms{train}")
-        trainer.remote.configure(pin(1)["trainer"], True).wait()  # its context switch, as a plan offloads it
-        switch = one_round(max(s for s in _sample_sizes(cfg) if s % mb == 0))
+        sync = _time_sizes(rounds, probes, log)
+        trainer.remote.configure(_pinnings(layouts, 1)["trainer"], True).wait()  # its context switch, as a plan offloads it
+        switch = rounds.one_round(max(s for s in _sample_sizes(cfg) if s % rounds.minibatch == 0))
         payload = trainer.remote.export_weights().result()
         ends = (rollout, reward) if rollout.num_ranks == reward.num_ranks == 1 else None
         transfer = probe_transfer(cluster, message_mib, log, ends)
     finally:
-        for group in (rollout, reward):
-            group.remote.close().wait(timeout_s=30)
-        for group in (rollout, reward, trainer):
-            group.shutdown()
-    per_minibatch(probes["trainer"], mb)
+        rounds.close()
+    per_minibatch(probes["trainer"], rounds.minibatch)
     sync_s = statistics.median(sync)
     log(f"  weight sync: {payload.nbytes / MIB:.2f} MiB exported and loaded in {sync_s * 1e3:.1f} ms (the driver's calls)")
     return WorkerProbes(probes["rollout"], probes["reward"], probes["trainer"], sync_s,

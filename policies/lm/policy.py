@@ -102,11 +102,6 @@ class CausalLMPolicy(Policy):
     def device(self) -> torch.device:
         return self.eos_ids.device
 
-    def prompt_text(self, prompt: Prompt) -> tuple[str, bool]:
-        """The text a prompt becomes, and whether it is already templated (then the tokenizer adds
-        no special tokens of its own: the template wrote them). See :func:`render_prompt`."""
-        return render_prompt(self.tokenizer, prompt, self.options.chat_template, self.options.model_path)
-
     def encode_prompts(self, prompts: Sequence[Prompt]) -> dict[str, torch.Tensor]:
         """Prompts -> ``{"prompt_ids": (B, P) long, "prompt_mask": (B, P) bool}``, left-padded with the
         pad id, on the policy's device. Chat messages go through the chat template (``chat_template``)."""

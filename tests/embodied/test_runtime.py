@@ -120,6 +120,8 @@ def test_a_misspelt_method_or_a_missing_rank_fails_before_anything_is_sent():
         with pytest.raises(ValueError, match="asked for"):
             group.on()
         assert calls == []
+        group.on(1).whoami()  # a method the worker has: sent
+        assert calls == [("whoami",)]
         group.shutdown()
 
 
