@@ -16,6 +16,8 @@ components float on a shared pool (:attr:`RunMode.floating`), what its ranks res
 from __future__ import annotations
 
 import logging
+import math
+import statistics
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +30,7 @@ from pipelines.config import EmbodiedConfig
 from pipelines.layout import Layout
 from pipelines.onpolicy.chunks import Pinning
 from pipelines.onpolicy.workers import BlockRoute, EnvWorker, RolloutWorker, StreamWorker
-from scheduler import Plan
+from scheduler import MacroFlow, Plan, Profile, Resources, chunk_sizes, simulate
 
 LOG = logging.getLogger("embodied")
 
@@ -112,6 +114,17 @@ def shortfall(requests: Requests, capacity: dict[str, float]) -> str | None:
     return "; ".join(short) or None
 
 
+def simulated_walls(profile: Profile, layout: Layout, flow: MacroFlow, resources: Resources) -> dict[str, float]:
+    """The simulated wall seconds of every component's calls in one iteration of ``flow`` under
+    ``layout``'s plan (the simulation's spans, which stretch where more threads than cores run)."""
+    timeline = simulate(layout.plan, profile, flow, resources)
+    calls = {s.label: (s.component, s.end_s - s.start_s) for s in timeline.spans if s.kind == "work"}
+    walls: dict[str, float] = {}
+    for component, seconds in calls.values():
+        walls[component] = walls.get(component, 0.0) + seconds
+    return walls
+
+
 class RunMode(ABC):
     """The env and rollout worker groups of one kind of plan: how they are built, connected,
     reconfigured for another layout of the same wiring, and how one collection runs on them."""
@@ -153,6 +166,13 @@ class RunMode(ABC):
     @abstractmethod
     def requests(cls, cfg: EmbodiedConfig, layout: Layout) -> Requests:
         """What the ranks of this mode's groups reserve from Ray under ``layout`` (not the trainer's)."""
+
+    @staticmethod
+    @abstractmethod
+    def predicted_collection_s(profile: Profile, layout: Layout, cfg: EmbodiedConfig, flow: MacroFlow,
+                               resources: Resources) -> tuple[float, float]:
+        """The profiled seconds of one env rank's and one rollout rank's calls in a collection of
+        ``flow`` under ``layout`` (what ``time/sim_s`` and ``time/infer_s`` measure)."""
 
     # --- running ------------------------------------------------------------------------------------
     @abstractmethod
@@ -233,6 +253,17 @@ class Pipelined(RunMode):
         set_by_plan = cls.ranks(layout.plan)
         return {c: rank_resources(cfg, c, layout, split=c in set_by_plan) for c in ("env", "rollout")}
 
+    @staticmethod
+    def predicted_collection_s(profile: Profile, layout: Layout, cfg: EmbodiedConfig, flow: MacroFlow,
+                               resources: Resources) -> tuple[float, float]:
+        """Each env rank steps its ``k`` chunks T times; each rollout rank infers for k chunks of
+        the whole batch T + 1 times, on its component's devices."""
+        T, k = flow.rollout_steps, layout.num_chunks
+        devices = {name: len(placed) for name, placed in layout.plan.placement.items()}
+        env_s = profile["env"].cost.time_s(math.ceil(cfg.env.num_envs / k), devices["env"]) * T * k
+        rollout_s = profile["rollout"].cost.time_s(math.ceil(flow.num_envs / k), devices["rollout"]) * (T + 1) * k
+        return env_s, rollout_s
+
     def start(self, layout: Layout, pins: Pins, requests: Requests) -> None:
         self.env = self._env_group(layout, pins, requests)
         self.spaces = self.env.on(0).spaces().result()
@@ -308,6 +339,15 @@ class Shared(Pipelined):
     def runs(cfg: EmbodiedConfig, multi_node: bool) -> bool:
         return cfg.env.backend == "inprocess" and cfg.workers.env == 1 and cfg.cluster.backend == "ray" and not multi_node
 
+    @staticmethod
+    def predicted_collection_s(profile: Profile, layout: Layout, cfg: EmbodiedConfig, flow: MacroFlow,
+                               resources: Resources) -> tuple[float, float]:
+        """The simulated wall seconds of the env's calls and of one lane's: a call slowed down
+        while more threads than cores run in the pool takes longer than its profiled cost, as it
+        does when measured (:func:`simulated_walls`)."""
+        walls = simulated_walls(profile, layout, flow, resources)
+        return walls.get("env", 0.0), walls.get("rollout", 0.0) / layout.plan.lanes
+
 
 @RUN_MODES.register("streams")
 class Streams(RunMode):
@@ -334,6 +374,17 @@ class Streams(RunMode):
     @staticmethod
     def runs(cfg: EmbodiedConfig, multi_node: bool) -> bool:
         return cfg.workers.env == 1 and cfg.cluster.backend == "ray" and not multi_node
+
+    @staticmethod
+    def predicted_collection_s(profile: Profile, layout: Layout, cfg: EmbodiedConfig, flow: MacroFlow,
+                               resources: Resources) -> tuple[float, float]:
+        """Every stream's env and rollout rank makes its stream's one chunk's calls, on the
+        stream's cores: the mean over the streams."""
+        T = flow.rollout_steps
+        streams = list(zip(chunk_sizes(flow.num_envs, layout.num_chunks), layout.plan.stream_devices("env")))
+        env_s = statistics.mean(profile["env"].cost.time_s(n, len(cores)) for n, cores in streams) * T
+        rollout_s = statistics.mean(profile["rollout"].cost.time_s(n, len(cores)) for n, cores in streams) * (T + 1)
+        return env_s, rollout_s
 
     @classmethod
     def requests(cls, cfg: EmbodiedConfig, layout: Layout) -> Requests:

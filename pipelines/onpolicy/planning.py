@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -25,21 +24,17 @@ from embodied.runtime import Cluster
 from pipelines.collect import resolve_device
 from pipelines.config import EmbodiedConfig
 from pipelines.layout import Machine, NodeSpec
-from pipelines.onpolicy.modes import RUN_MODES
+from pipelines.onpolicy.modes import RUN_MODES, simulated_walls
 from pipelines.workflow import Layout, cpu_resources
 from scheduler import (
     MODES,
-    SHARED,
-    STREAMS,
     MacroFlow,
     Plan,
     PlanResult,
     Profile,
     Resources,
     call_sizes,
-    chunk_sizes,
     plan,
-    simulate,
 )
 
 
@@ -193,34 +188,20 @@ def shared_wall_s(profile: Profile, layout: Layout, cfg: EmbodiedConfig, metrics
     the shape ``metrics`` describe, see :func:`macro_flow_of`), per component (the simulation's
     spans: a call slowed down while more threads than cores run in the pool takes longer than its
     profiled cost, as it does when measured)."""
-    timeline = simulate(layout.plan, profile, macro_flow_of(cfg, metrics), resources_of(cfg))
-    calls = {s.label: (s.component, s.end_s - s.start_s) for s in timeline.spans if s.kind == "work"}
-    walls: dict[str, float] = {}
-    for component, seconds in calls.values():
-        walls[component] = walls.get(component, 0.0) + seconds
-    return walls
+    return simulated_walls(profile, layout, macro_flow_of(cfg, metrics), resources_of(cfg))
 
 
 def measured_factors(profile: Profile, layout: Layout, cfg: EmbodiedConfig, metrics: dict[str, Any]) -> dict[str, float]:
-    """Measured / profiled seconds per call of env, rollout and trainer in one iteration. In a
-    shared plan the env's and the lanes' calls are compared with their simulated wall time (the
-    pool's cores shared, :func:`shared_wall_s`), not with their cost alone. The metrics are the
-    mean over ranks (a streams plan's ranks each make one stream's calls). Calls are counted as the
-    iteration made them (an episodic iteration that ended early made fewer)."""
+    """Measured / profiled seconds per call of env, rollout and trainer in one iteration. The env's
+    and the rollout's calls are predicted per rank as the plan's mode makes them
+    (:meth:`~pipelines.onpolicy.modes.RunMode.predicted_collection_s`: a shared plan's with their
+    simulated wall time, the pool's cores shared, :func:`shared_wall_s`); the metrics are the mean
+    over ranks. Calls are counted as the iteration made them (an episodic iteration that ended
+    early made fewer)."""
     workflow = macro_flow_of(cfg, metrics)
-    T, k = workflow.rollout_steps, layout.num_chunks
-    chunk = math.ceil(workflow.num_envs / k)
     devices = {name: len(placed) for name, placed in layout.plan.placement.items()}
-    if layout.plan.mode == SHARED:  # one env worker; each lane (a rollout rank) makes its chunks' calls
-        walls = shared_wall_s(profile, layout, cfg, metrics)
-        env_pred, roll_pred = walls.get("env", 0.0), walls.get("rollout", 0.0) / layout.plan.lanes
-    elif layout.plan.mode == STREAMS:  # every env and rollout rank makes its stream's one chunk's calls
-        streams = list(zip(chunk_sizes(workflow.num_envs, k), layout.plan.stream_devices("env")))
-        env_pred = statistics.mean(profile["env"].cost.time_s(n, len(cores)) for n, cores in streams) * T
-        roll_pred = statistics.mean(profile["rollout"].cost.time_s(n, len(cores)) for n, cores in streams) * (T + 1)
-    else:
-        env_pred = profile["env"].cost.time_s(math.ceil(cfg.env.num_envs / k), devices["env"]) * T * k
-        roll_pred = profile["rollout"].cost.time_s(chunk, devices["rollout"]) * (T + 1) * k  # per rank
+    mode = RUN_MODES.get(layout.plan.mode)
+    env_pred, roll_pred = mode.predicted_collection_s(profile, layout, cfg, workflow, resources_of(cfg))
     # the calls of the trainer's simulation: minibatches in micro-batches, for the epochs the update
     # ran (``algo.target_kl`` may stop it early), not the configured ones
     epochs = metrics.get("losses/epochs") or cfg.algo.epochs
