@@ -111,7 +111,8 @@ def trainer_micro_batch(configured: int | None, planned: int | None, ranks: int)
 SIMPLICITY_MARGIN = 0.02
 """A plan with more chunks or a less simple mode must be predicted this much faster to be chosen:
 more chunks mean more messages, and a prediction within noise does not pay for that risk."""
-MODE_RANK = {"colocated": 0, "disaggregated": 1, "hybrid": 2, "shared": 3, "streams": 4}
+MODE_RANK = {mode: rank for rank, mode in enumerate(MODES)}
+"""How simple each mode is (0: simplest), in the planner's tie-break order."""
 
 
 def plan_embodied(cfg: EmbodiedConfig, profile: Profile, resources: Resources | None = None,
