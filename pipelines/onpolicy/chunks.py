@@ -75,8 +75,9 @@ class ChunkPolicy(Protocol):
 class EnvChunks:
     """The env side of a rank: ``env.num_envs`` envs split into ``num_chunks`` independently stepped
     chunks (a ``streams`` plan: ``split`` ranks step one configured worker's ``env.num_envs`` envs
-    between them). A plain object: :class:`EnvWorker` steps it through channels, a
-    :class:`StreamWorker` in its own process. An env's failure names its index over all env workers."""
+    between them). A plain object: an ``EnvWorker`` runs its loop (:meth:`run`) against a rollout
+    over channels, a ``StreamWorker`` against the policy in its own process. An env's failure names
+    its index over all env workers."""
 
     def __init__(self, cfg: EmbodiedConfig, grouped: bool = False) -> None:
         self.cfg = cfg
