@@ -6,15 +6,18 @@ its image normalization (timm's pretrained cfgs). ``text_config`` is a ``LlamaCo
 copied verbatim (Llama-2's own ``rms_norm_eps`` is 1e-5, the HF export runs with the default
 1e-6: the file wins).
 
-A tiny checkpoint (``policies.vla.tiny``) keeps the same layout and adds one key the official
-files never have, ``embodied_vision_towers``: the towers' dimensions, so that a 16-patch ViT of
-width 64 loads through the same code as the 7B model.
+A checkpoint whose towers are not of released sizes names an id of the same family
+(``dinosiglip-*``, ``siglip-*``, ``dinov2-*``) and the loader reads the sizes from its tensors
+(``policies.vla.sizes``); a released id's sizes are checked against them. ``embodied_vision_towers``
+(never in official files) may give the towers' fields outright, all of them or, beside the tensors,
+some (a head count, which no tensor shape holds); tiny checkpoints (``policies.vla.tiny``) write it.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -202,7 +205,8 @@ class VLAConfig:
         else:
             raise UserError(
                 f"{where}: vision_backbone_id {backbone!r} is not supported.{did_you_mean(backbone, BACKBONES)} "
-                f"Supported: {', '.join(BACKBONES)}."
+                f"Supported: {', '.join(BACKBONES)} (released sizes), or another dinosiglip-*, siglip-* or dinov2-* id "
+                "whose sizes the loader reads from the checkpoint's tensors."
             )
         fused = raw.get("use_fused_vision_backbone")
         if fused is not None and bool(fused) != (len(towers) == 2):
@@ -227,14 +231,19 @@ class VLAConfig:
         )
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> VLAConfig:
+    def from_dir(cls, path: str | Path, shapes: Mapping[str, tuple[int, ...]] | None = None) -> VLAConfig:
         """``config.json`` of a checkpoint directory, with ``dataset_statistics.json`` merged into
-        ``norm_stats`` when present (OFT checkpoints keep their statistics only there)."""
+        ``norm_stats`` when present (OFT checkpoints keep their statistics only there).
+
+        shapes: the checkpoint's tensor shapes; the sizes config.json leaves out are read from them
+        (:func:`policies.vla.sizes.with_checkpoint_sizes`).
+        """
+        from policies.vla.sizes import with_checkpoint_sizes  # sizes reads this module's specs
+
         path = Path(path)
-        config_file = path / "config.json"
-        if not config_file.is_file():
-            raise UserError(f"{path} has no config.json; point policy.kwargs.path at an OpenVLA checkpoint directory.")
-        config = cls.from_dict(json.loads(config_file.read_text()), str(config_file))
+        config_file = config_path(path)
+        raw = json.loads(config_file.read_text())
+        config = cls.from_dict(with_checkpoint_sizes(raw, shapes) if shapes else raw, str(config_file))
         stats_file = path / "dataset_statistics.json"
         if stats_file.is_file():
             config.norm_stats = {**config.norm_stats, **json.loads(stats_file.read_text())}
@@ -264,6 +273,14 @@ class VLAConfig:
         return out
 
 
+def config_path(path: Path) -> Path:
+    """``path/config.json``, which must exist."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise UserError(f"{path} has no config.json; point policy.kwargs.path at an OpenVLA checkpoint directory.")
+    return config_file
+
+
 def _tower_from_dict(raw: dict[str, Any], where: str) -> VisionTowerConfig:
     known = set(VisionTowerConfig.__dataclass_fields__)
     unknown = sorted(set(raw) - known)
@@ -273,4 +290,7 @@ def _tower_from_dict(raw: dict[str, Any], where: str) -> VisionTowerConfig:
     for key in ("mean", "std"):
         if key in values:
             values[key] = tuple(float(v) for v in values[key])
+    required = [k for k, f in VisionTowerConfig.__dataclass_fields__.items() if f.default is MISSING and k not in values]
+    if required:
+        raise UserError(f"{where}: {TOWERS_KEY} entry lacks {required} (only a checkpoint's tensors can fill them in).")
     return VisionTowerConfig(**values)

@@ -23,7 +23,7 @@ VLA_KWARGS: dict[str, Any] = {
     "instruction": "complete the task",  # instruction for observations that carry none
     "cameras": None,  # image keys in input order (None: "rgb" first, then "rgb/<camera>" sorted)
     "center_crop": 0,  # 1: 0.9-area center crop (checkpoints trained with image augmentation)
-    "image_backend": "torch",  # bicubic resize by "torch" (interpolate, antialias) or "pil" (Image.resize)
+    "image_backend": "pil",  # bicubic resize: "pil" (Image.resize on uint8, the official processor's) or "torch"
     "temperature": 1.0,  # action-token sampling temperature (act and evaluate)
     "top_k": 0,  # sample among the k most likely action tokens (0: all 256)
     "logprob_level": "token",  # "token": logprobs (B, C * A) with a mask; "action": summed, (B,)
@@ -44,7 +44,7 @@ OFT_KWARGS: dict[str, Any] = {
     "tiny_proprio": 0,  # tiny models: 1 adds a proprio projector of the observation's state size
 }
 CHOICES: dict[str, tuple[str, ...]] = {
-    "image_backend": ("torch", "pil"),
+    "image_backend": ("pil", "torch"),
     "logprob_level": ("token", "action"),
     "dtype": ("float32", "bfloat16", "float16", "config"),
     "attn_implementation": ("sdpa", "eager"),

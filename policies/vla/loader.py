@@ -10,9 +10,13 @@ files ``action_head--<step>_checkpoint.pt`` / ``proprio_projector--<step>_checkp
 The model is built with its parameters on the meta device (no random init of 7.5B weights) and
 every parameter is then filled from the checkpoint, shard by shard through
 ``safetensors.safe_open`` (one tensor in memory at a time besides the model), cast to the
-requested dtype (default: the config's). Key accounting is strict: a checkpoint key that maps to
-nothing and is not on the explicit drop list, a parameter no key fills, or a shape that does
-not match is a :class:`~embodied.errors.UserError` naming the key.
+requested dtype (default: the config's). Sizes config.json leaves out (an official one names the
+vision backbone by id and gives no tower sizes) come from the tensors' shapes
+(:mod:`policies.vla.sizes`, headers only), and sizes it gives are checked against them first: a
+mismatch is one sentence naming the part and both sizes. Key accounting is strict: a checkpoint
+key that maps to nothing and is not on the explicit drop list, a parameter no key fills, or a
+shape that does not match is a :class:`~embodied.errors.UserError` naming the part and a key;
+:class:`LoadReport` accounts for every checkpoint key and every tensor of the model.
 """
 
 from __future__ import annotations
@@ -30,11 +34,12 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from embodied.errors import UserError
-from policies.vla.config import VisionTowerConfig, VLAConfig
+from policies.vla.config import VisionTowerConfig, VLAConfig, config_path
 from policies.vla.keymap import KeyPlan, model_plan
 from policies.vla.oft import OpenVLAOFT
 from policies.vla.model import OpenVLA
 from policies.vla.processor import load_tokenizer
+from policies.vla.sizes import LLM_PREFIX, TOWER_PREFIXES, check_sizes
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -52,6 +57,8 @@ class TensorSource(Protocol):
     """Named tensors, read lazily: the checkpoint's shards or an in-memory dict."""
 
     def keys(self) -> list[str]: ...
+
+    def shapes(self) -> dict[str, tuple[int, ...]]: ...
 
     def items(self, keys: list[str]) -> Iterator[tuple[str, torch.Tensor]]: ...
 
@@ -79,6 +86,14 @@ class SafetensorsCheckpoint:
     def keys(self) -> list[str]:
         return list(self.weight_map)
 
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor's shape, from the shards' headers (no tensor data is read)."""
+        out: dict[str, tuple[int, ...]] = {}
+        for file in self.files:
+            with safe_open(str(self.path / file), framework="pt", device="cpu") as handle:
+                out.update({key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()})
+        return out
+
     def items(self, keys: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
         by_file: dict[str, list[str]] = {}
         for key in keys:
@@ -101,6 +116,9 @@ class DictTensors:
     def keys(self) -> list[str]:
         return list(self.tensors)
 
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {key: tuple(t.shape) for key, t in self.tensors.items()}
+
     def items(self, keys: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
         for key in keys:
             yield key, self.tensors[key]
@@ -108,10 +126,19 @@ class DictTensors:
 
 @dataclass
 class LoadReport:
-    """Which checkpoint keys filled parameters and which were skipped on purpose (with why)."""
+    """Where every key went: checkpoint keys loaded or dropped (with why), model parameters and the
+    checkpoint key that filled each, and what the model holds that no key fills (with why).
+
+    ``built`` names the DINOv2 position tables' CLS slot (``...position_embeddings[:, 0]``, zeros:
+    timm adds no position to CLS), DINOv2's ``mask_token`` (left out: transformers uses it only for
+    masked image modelling) and the non-persistent buffers computed at construction (rotary
+    frequencies, SigLIP's position ids). ``set(filled) | buffers == model tensors`` holds.
+    """
 
     loaded: list[str] = field(default_factory=list)
     dropped: dict[str, str] = field(default_factory=dict)
+    filled: dict[str, str] = field(default_factory=dict)  # model parameter -> checkpoint key
+    built: dict[str, str] = field(default_factory=dict)  # model tensor (or slot) -> how it was made
     components: list[str] = field(default_factory=list)  # OFT component files read
 
 
@@ -143,16 +170,19 @@ def load_openvla(
     path = Path(path).expanduser()
     if not path.is_dir():
         raise UserError(f"OpenVLA checkpoint directory {str(path)!r} does not exist.")
-    config = VLAConfig.from_dir(path)
+    config_path(path)  # before the weights: a directory without config.json is not a checkpoint
+    source = SafetensorsCheckpoint(path)
+    config = VLAConfig.from_dir(path, source.shapes())
     config.towers = image_stats(path, config)
     tokenizer = load_tokenizer(path)
     torch_dtype = resolve_dtype(dtype, config)
     components = read_oft_components(path) if oft else {}
     report = LoadReport(components=sorted(components))
     model = build_model(config, oft, attn_implementation, components_dims(components))
-    fill(model, SafetensorsCheckpoint(path), torch_dtype, report)
+    fill(model, source, torch_dtype, report)
     if components:
         fill_components(model, components, torch_dtype)
+        report.filled.update({f"{name}.{key}": f"{file}:{key}" for name, (file, state) in components.items() for key in state})
     check_filled(model)
     return LoadedVLA(model, config, tokenizer, report)
 
@@ -184,26 +214,43 @@ def plan_for(model: OpenVLA) -> KeyPlan:
 
 
 def fill(model: OpenVLA, source: TensorSource, dtype: torch.dtype, report: LoadReport | None = None) -> LoadReport:
-    """Set every (non-OFT-head) parameter of ``model`` from ``source`` with the official key plan."""
+    """Set every (non-OFT-head) parameter of ``model`` from ``source`` with the official key plan,
+    after :func:`~policies.vla.sizes.check_sizes` holds the tensors' sizes to the model's config."""
     report = report if report is not None else LoadReport()
+    check_sizes(model.config, source.shapes())
     plan = plan_for(model)
     keys = set(source.keys())
     unexpected = sorted(k for k in keys if k not in plan.rules and k not in plan.dropped)
     if unexpected:
         raise UserError(
             f"the checkpoint has {len(unexpected)} key(s) that map to no parameter of {type(model).__name__} "
-            f"({model.config.vision_backbone_id}): {_listing(unexpected)}. Is config.json the one of these weights?"
+            f"({model.config.vision_backbone_id}), {_by_part(unexpected)}: is config.json the one of these weights?"
         )
     missing = sorted(k for k in plan.rules if k not in keys)
     if missing:
-        raise UserError(f"the checkpoint lacks {len(missing)} key(s) the model needs: {_listing(missing)}.")
+        raise UserError(f"the checkpoint lacks {len(missing)} key(s) the model needs, {_by_part(missing)}.")
     for key, tensor in source.items(sorted(plan.rules)):
         for target, transform in plan.rules[key]:
             value = transform(tensor)
             _assign(model, target, value, dtype, f"checkpoint key {key!r}")
+            report.filled[target] = key
         report.loaded.append(key)
     report.dropped.update({k: plan.dropped[k] for k in sorted(keys) if k in plan.dropped})
+    report.built.update(built_by_construction(model))
     return report
+
+
+def built_by_construction(model: OpenVLA) -> dict[str, str]:
+    """What the model holds that no checkpoint key fills, with how it was made (see :class:`LoadReport`)."""
+    out: dict[str, str] = {}
+    towers = [model.vision_backbone.featurizer, model.vision_backbone.fused_featurizer]
+    for prefix, spec, tower in zip(TOWER_PREFIXES, model.config.towers, towers):
+        if spec.family == "dinov2" and tower is not None:
+            out[f"{prefix}embeddings.position_embeddings[:, 0]"] = "the CLS slot, zeros (timm adds no position to CLS)"
+            out[f"{prefix}embeddings.mask_token"] = "left out: transformers uses it only with bool_masked_pos"
+    for name, _ in model.named_buffers():
+        out[name] = "a non-persistent buffer computed at construction"
+    return out
 
 
 def read_oft_components(path: Path) -> dict[str, tuple[str, dict[str, torch.Tensor]]]:
@@ -300,6 +347,24 @@ def _require(state: Mapping[str, torch.Tensor], key: str, file: str) -> torch.Te
     if key not in state:
         raise UserError(f"{file} has no {key!r}; keys: {_listing(sorted(state))}.")
     return state[key]
+
+
+#: Parts of a checkpoint by key prefix, as messages name them.
+_PARTS = (
+    (TOWER_PREFIXES[0], "the first vision tower"), (TOWER_PREFIXES[1], "the second vision tower"),
+    ("projector.", "the projector"), (LLM_PREFIX, "the Llama"),
+)
+
+
+def _by_part(keys: list[str]) -> str:
+    """'12 in the second vision tower (vision_backbone.fused_featurizer.*) and 1 in the projector, e.g. 'k''."""
+    counts: dict[str, int] = {}
+    for key in keys:
+        part = next((f"{name} ({prefix}*)" for prefix, name in _PARTS if key.startswith(prefix)), "elsewhere")
+        counts[part] = counts.get(part, 0) + 1
+    parts = [f"{n} in {part}" if part != "elsewhere" else f"{n} elsewhere" for part, n in counts.items()]
+    listed = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+    return f"{listed}, e.g. {keys[0]!r}"
 
 
 def _listing(keys: list[str], limit: int = 8) -> str:

@@ -2,11 +2,13 @@
 
 **Images** (``processing_prismatic.py`` with ``resize-naive``; the eval-time crop of
 ``experiments/robot/openvla_utils.py``): uint8 frames (B, H, W, 3) are resized to the backbone's
-S x S with bicubic interpolation: PIL's ``Image.resize(BICUBIC)`` (what torchvision does on PIL
-images, so what the official processor does), or ``torch.nn.functional.interpolate(bicubic,
-antialias=True)``, the same kernel, in two separable passes rounded to uint8 levels like
-Pillow's (within one level of PIL on square frames; Pillow versions differ in the pass order
-for non-square ones); optionally center-cropped to 0.9 of the area and resized back to S x S
+S x S with bicubic interpolation. The default is the official path itself: PIL's
+``Image.resize(BICUBIC)`` on the uint8 frame (what torchvision's ``Resize`` does on the PIL image
+the official processor receives), so the pixel values are the official ones bit for bit. The
+``torch`` backend (``torch.nn.functional.interpolate(bicubic, antialias=True)``, the same kernel in
+two separable passes rounded to uint8 levels like Pillow's) runs on the frames' device and stays
+within one level of PIL (float against Pillow's fixed-point arithmetic), a few values per frame,
+enough to move the logits in the second decimal; optionally center-cropped to 0.9 of the area and resized back to S x S
 (TensorFlow's ``crop_and_resize``: bilinear, corner-aligned sampling, then TF's float -> uint8
 conversion); scaled to [0, 1] and normalized per tower (DINOv2: ImageNet mean/std, SigLIP: 0.5/0.5).
 A fused backbone gets both normalizations stacked: 6 channels.
@@ -35,13 +37,14 @@ from policies.vla.config import VisionTowerConfig
 PROMPT_TEMPLATE = "In: What action should the robot take to {instruction}?\nOut:"
 #: Fraction of the image area OpenVLA-OFT's (and RLinf's) evaluation center crop keeps.
 CROP_AREA = 0.9
-IMAGE_BACKENDS = ("torch", "pil")
+#: Resize backends: "pil", the official processor's resize (the default), and "torch" (see above).
+IMAGE_BACKENDS = ("pil", "torch")
 
 
 class ImageProcessor:
     """uint8 frames (B, H, W, 3) -> pixel values (B, 3 * towers, S, S) float32."""
 
-    def __init__(self, towers: Sequence[VisionTowerConfig], center_crop: bool = False, backend: str = "torch") -> None:
+    def __init__(self, towers: Sequence[VisionTowerConfig], center_crop: bool = False, backend: str = "pil") -> None:
         if backend not in IMAGE_BACKENDS:
             raise UserError(f"image backend {backend!r} is not one of {', '.join(IMAGE_BACKENDS)}.")
         self.size = towers[0].image_size

@@ -274,3 +274,81 @@ def test_openvla_7b_architecture_builds_on_meta_and_its_key_plan_covers_it() -> 
     assert model.llm.config.rms_norm_eps == 1e-6  # LlamaConfig's default, as the HF export ran
     total = sum(p.numel() for p in model.parameters())
     assert 7.45e9 < total < 7.55e9  # 7.541B with the dropped blocks and head (note: openvla-from-transformers)
+
+
+def _official_config(path: Path, backbone_id: str, drop_llm_sizes: bool = False) -> None:
+    """config.json as the official release writes it: no tower sizes (and, with ``drop_llm_sizes``,
+    a text_config without the Llama's sizes but its head count)."""
+    file = path / "config.json"
+    config = json.loads(file.read_text())
+    config.pop("embodied_vision_towers")
+    config["vision_backbone_id"] = backbone_id
+    if drop_llm_sizes:
+        for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_key_value_heads", "vocab_size"):
+            config["text_config"].pop(key)
+    file.write_text(json.dumps(config))
+
+
+SMALL_TOWERS = {"dino_width": 128, "siglip_width": 128, "vision_heads": 2}  # heads of width 64, as timm's
+
+
+def test_official_layout_with_small_towers_takes_its_sizes_from_the_tensors(tmp_path: Path) -> None:
+    from policies.vla.tiny import tiny_config
+
+    reference = load_openvla(write_tiny_checkpoint(tmp_path / "with_sizes", SMALL_TOWERS))
+    path = write_tiny_checkpoint(tmp_path / "official", SMALL_TOWERS)
+    _official_config(path, "dinosiglip-vit-s-32px", drop_llm_sizes=True)
+    loaded = load_openvla(path)
+    assert loaded.config.towers == tiny_config(SMALL_TOWERS).towers  # heads, MLP, registers, image size
+    assert loaded.model.llm.config.hidden_size == 64 and loaded.model.llm.config.num_key_value_heads == 4
+    # every checkpoint key loaded or dropped, every model tensor filled by a key or built, by name
+    report, model = loaded.report, loaded.model
+    assert set(report.loaded) | set(report.dropped) == set(checkpoint_tensors(path))
+    tensors = set(model.state_dict()) | {name for name, _ in model.named_buffers()}
+    assert set(report.filled) | {k for k in report.built if k in tensors} == tensors
+    assert not set(report.filled) & set(report.built)
+    assert "vision_backbone.featurizer.embeddings.position_embeddings[:, 0]" in report.built
+    assert "vision_backbone.featurizer.embeddings.mask_token" in report.built
+    assert "language_model.model.rotary_emb.inv_freq" in report.built
+    prompts = PromptTokenizer(loaded.tokenizer, 1, loaded.config.pad_token_id)
+    pixels = ImageProcessor(loaded.config.towers)(torch.randint(0, 256, (1, 32, 32, 3), dtype=torch.uint8))
+    with torch.no_grad():
+        got = model.eval()(pixels[:, None], prompts(INSTRUCTIONS[:1]))
+        expected = reference.model.eval()(pixels[:, None], prompts(INSTRUCTIONS[:1]))
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_released_backbone_id_with_other_sizes_is_one_sentence(tmp_path: Path) -> None:
+    path = write_tiny_checkpoint(tmp_path, num_shards=1)
+    _official_config(path, "dinosiglip-vit-so-224px")
+    with pytest.raises(UserError) as error:
+        load_openvla(path)
+    message = str(error.value)
+    assert message.startswith(
+        "the checkpoint's DINOv2 tower (vision_backbone.featurizer.*) has hidden size 64, 3 layers, MLP size 256, "
+        "patch size 8 and 16 patches, the config (vision_backbone_id 'dinosiglip-vit-so-224px') asks for "
+        "1024, 24, 4096, 14 and 256: "
+    )
+    assert message.count(". ") == 0 and "\n" not in message and "blocks." not in message  # one sentence, no key list
+
+
+def test_llm_sizes_that_disagree_with_text_config_are_one_sentence(tmp_path: Path) -> None:
+    path = write_tiny_checkpoint(tmp_path, num_shards=1)
+    file = path / "config.json"
+    config = json.loads(file.read_text())
+    config["text_config"]["num_hidden_layers"] = 4
+    file.write_text(json.dumps(config))
+    with pytest.raises(UserError, match=r"^the checkpoint's Llama \(language_model\.\*\) has hidden size 64 and 2 layers, "
+                       r"text_config asks for 64 and 4: config\.json is not the config of these weights\.$"):
+        load_openvla(path)
+
+
+def test_a_missing_part_is_counted_by_part(tmp_path: Path) -> None:
+    path = write_tiny_checkpoint(tmp_path, num_shards=1)
+    tensors = load_file(str(path / "model.safetensors"))
+    for key in [k for k in tensors if ".fused_featurizer.blocks.1." in k]:
+        del tensors[key]
+    save_file(tensors, str(path / "model.safetensors"))
+    with pytest.raises(UserError, match=r"^the checkpoint lacks 12 key\(s\) the model needs, 12 in the second vision "
+                       r"tower \(vision_backbone\.fused_featurizer\.\*\), e\.g\. '[^']+'\.$"):
+        load_openvla(path)

@@ -34,6 +34,22 @@ def test_torch_resize_matches_pil_bicubic(side: int) -> None:
     torch.testing.assert_close(ImageProcessor(TOWERS, backend="pil").resize(images), pil_levels)
 
 
+def official_pixels(frame: np.ndarray, size: int) -> torch.Tensor:
+    """The official processor's pixel values of one uint8 frame, written out: PIL bicubic resize of
+    the uint8 image, ToTensor (/ 255), Normalize per tower, the towers stacked. (6, size, size)"""
+    resized = np.asarray(Image.fromarray(frame).resize((size, size), Image.Resampling.BICUBIC))
+    unit = torch.from_numpy(resized.copy()).permute(2, 0, 1).float().div(255)
+    return torch.cat([(unit - torch.tensor(t.mean).view(3, 1, 1)) / torch.tensor(t.std).view(3, 1, 1) for t in TOWERS])
+
+
+@pytest.mark.parametrize("height, width", [(48, 64), (64, 48), (100, 37)])
+def test_default_preprocessing_is_the_official_pil_path_on_non_square_frames(height: int, width: int) -> None:
+    images = frames(2, height, width, seed=3)
+    pixels = ImageProcessor(TOWERS)(images)  # the default backend
+    expected = torch.stack([official_pixels(f, 32) for f in images.numpy()])
+    torch.testing.assert_close(pixels, expected, rtol=0, atol=0)
+
+
 def test_frames_of_the_model_size_are_not_resampled() -> None:
     images = frames(2, 32, 32)
     for backend in ("torch", "pil"):
