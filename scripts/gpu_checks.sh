@@ -8,17 +8,21 @@
 #   3. a short planned training run with the rollout and trainer on the GPU (the planner
 #      profiles the components on this machine's cores and GPU, calibration measures its best
 #      candidates over the first iterations, and the run settles on the fastest).
+#   4. MuJoCo MJX on the GPU: installs JAX's CUDA build and mujoco-mjx from PyPI (keeping the
+#      nvidia-* wheels torch came with), measures env steps/s of mjx/HalfCheetah at 1k, 4k and 16k
+#      envs with JAX's and torch's GPU memory (benchmarks.mjx_throughput), and trains PPO on it
+#      with the simulator, the rollout and the trainer sharing the GPU.
 #
 #     bash scripts/gpu_checks.sh OUT_DIR     # results and logs land in OUT_DIR
 #
-# STEPS="vla tests run" (the default) picks the steps. Each step has its own time limit and a failing step does not stop the next ones; the script
+# STEPS="vla tests run mjx" (the default) picks the steps. Each step has its own time limit and a failing step does not stop the next ones; the script
 # exits non-zero when any step failed.
 set -u -o pipefail
 out=${1:?usage: scripts/gpu_checks.sh OUT_DIR}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 status=0
-steps=" ${STEPS:-vla tests run} "
+steps=" ${STEPS:-vla tests run mjx} "
 step() {  # step NAME SECONDS LOG COMMAND...: runs COMMAND for at most SECONDS, its output also in LOG
     local name=$1 limit=$2 log=$3
     shift 3
@@ -50,4 +54,24 @@ smoke=$(mktemp -d)
 for f in plan.json summary.json metrics.jsonl; do
     [ -f "$smoke/run/$f" ] && cp "$smoke/run/$f" "$out/planned_run_$f"
 done
+
+# MJX: the CUDA build of JAX from PyPI, constrained to the nvidia-* wheels already installed (torch's),
+# so that pip fails rather than swap the CUDA libraries under torch
+if [[ $steps == *" mjx "* ]]; then
+    python3 -m pip freeze 2>/dev/null | grep -i '^nvidia-' > "$out/mjx_constraints.txt" || true
+    step mjx_install "${MJX_INSTALL_LIMIT:-300}" "$out/mjx_install.log" python3 -m pip install -q --disable-pip-version-check \
+        -c "$out/mjx_constraints.txt" "jax[cuda12]" "mujoco-mjx==3.8.1"
+    python3 -c "import jax; print('jax', jax.__version__, jax.devices())" 2>&1 | tee -a "$out/mjx_install.log"
+    step mjx_throughput "${MJX_BENCH_LIMIT:-240}" "$out/mjx_throughput.log" env EMBODIED_CACHE="$smoke/cache" \
+        python3 -m benchmarks.mjx_throughput --task HalfCheetah --num-envs 1024 4096 16384 --device cuda --rounds 2 \
+        --out "$out/mjx_throughput.json"
+    # the local backend: the env, rollout and trainer as threads of one process on the one GPU
+    step mjx_ppo_on_cuda "${MJX_RUN_LIMIT:-200}" "$out/mjx_ppo.log" env EMBODIED_CACHE="$smoke/cache" python3 -m pipelines.cli train \
+        mjx_halfcheetah_ppo env.num_envs=4096 env.kwargs.device=cuda workers.rollout_device=cuda workers.trainer_device=cuda \
+        algo.total_env_steps="${MJX_RUN_STEPS:-1048576}" plan.profile=false cluster.backend=local eval.episodes=64 \
+        logging.wandb=false logging.progress=lines run.dir="$smoke/mjx_run"
+    for f in summary.json metrics.jsonl; do
+        [ -f "$smoke/mjx_run/$f" ] && cp "$smoke/mjx_run/$f" "$out/mjx_ppo_$f"
+    done
+fi
 exit $status
