@@ -95,7 +95,8 @@ class OffPolicyCheckpointConfig(CheckpointConfig):
     replay: bool = False
     """Save the replay buffer (and the demonstrations) with every checkpoint, so a resumed run
     samples exactly what the run would have; the files grow with the buffer. False: a resumed
-    run refills the buffer (``algo.learning_starts`` random-free steps before it updates again)."""
+    run refills the buffer: ``algo.learning_starts`` transitions, collected at random, before it
+    updates again."""
 
 
 @dataclass
