@@ -22,8 +22,12 @@ setup-train:
 setup:
 	@bash scripts/setup.sh $(VENV) full
 
+# the line `make train` ends with, however the run ended (its exit code is kept)
+ACTIVATE_HINT = echo "[make] to use \`embodied\` directly (embodied train, eval, config ...): . $(VENV)/bin/activate"
+
 train: setup-train
-	$(VENV)/bin/embodied train $(RECIPE) $(ARGS)
+	@echo "$(VENV)/bin/embodied train $(RECIPE) $(ARGS)"; $(VENV)/bin/embodied train $(RECIPE) $(ARGS); \
+	code=$$?; $(ACTIVATE_HINT); exit $$code
 
 test: setup
 	$(VENV)/bin/python -m pytest -n $(JOBS) --dist loadgroup -m "$(MARKS)" $(PYTEST_ARGS)

@@ -23,7 +23,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 
 import yaml
 
-from embodied.errors import ConfigError, did_you_mean
+from embodied.errors import ConfigError, did_you_mean, did_you_mean_key
 
 C = TypeVar("C")
 
@@ -140,7 +140,7 @@ def _unknown_key(cls: type, name: str, prefix: str, root: type | None) -> Config
     full = f"{prefix}.{name}" if prefix else name
     valid_here = [f.name for f in dataclasses.fields(cls)]
     candidates = all_keys(root) if root is not None else valid_here
-    hint = did_you_mean(full, candidates) or did_you_mean(name, valid_here)
+    hint = did_you_mean_key(full, candidates) or did_you_mean_key(name, valid_here)
     where = f" under {prefix!r}" if prefix else ""
     return ConfigError(f"Unknown config key {full!r}.{hint} Valid keys{where}: {', '.join(valid_here)}.")
 

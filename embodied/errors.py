@@ -30,6 +30,7 @@ from __future__ import annotations
 import difflib
 import errno
 import re
+import shlex
 import signal
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -301,17 +302,40 @@ def format_failure(exc: BaseException, context: FailureContext | None = None) ->
         parts.append(f"Its output is in {where['log']}.")
     if ctx.doing:
         parts.append(f"It happened while {_sentence(ctx.doing)}")
+    command = ctx.resume_command or (resume_command(ctx.run_dir) if ctx.run_dir is not None else None)
     if ctx.checkpoint is not None:
         at = f" (iteration {ctx.checkpoint_iteration})" if ctx.checkpoint_iteration is not None else ""
         parts.append(f"Last checkpoint: {ctx.checkpoint}{at}.")
-        command = ctx.resume_command or (f"embodied train resume={ctx.run_dir}" if ctx.run_dir is not None else None)
         if command:
             parts.append(f"Resume with `{command}`.")
-    elif ctx.run_dir is not None:
-        parts.append("No checkpoint was saved yet, so there is nothing to resume: start the run again.")
+    elif command:
+        parts.append(f"No checkpoint was saved yet: `{command}` starts the run again from its beginning, in the same run dir.")
     if ctx.log_path is not None:
         parts.append(f"Full traceback in {ctx.log_path}.")
     return " ".join(parts)
+
+
+def resume_command(run_dir: str | Path, *overrides: str) -> str:
+    """``embodied train resume=RUN_DIR [overrides]``, quoted for a POSIX shell (a run dir with
+    spaces or quotes pastes as it is)."""
+    return " ".join(["embodied train", f"resume={shlex.quote(str(run_dir))}", *(shlex.quote(o) for o in overrides)])
+
+
+def fill_paragraph(text: str, width: int = 100) -> str:
+    """``text`` on lines of at most ``width`` characters, broken only at spaces and never inside a
+    `backticked` command (a run dir with spaces stays on one line, so the command pastes whole);
+    a word or command longer than a line gets a line of its own."""
+    lines: list[str] = []
+    line = ""
+    for token in re.findall(r"\S*`[^`]*`\S*|\S+", text):
+        if line and len(line) + 1 + len(token) > width:
+            lines.append(line)
+            line = token
+        else:
+            line = f"{line} {token}" if line else token
+    if line:
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def _says(text: str, phrase: str) -> bool:
@@ -366,7 +390,72 @@ def closest(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str:
     """A ' Did you mean ...?' sentence, or '' when nothing is close."""
-    found = closest(name, candidates)
-    if not found:
-        return ""
-    return " Did you mean " + " or ".join(repr(f) for f in found) + "?"
+    return _did_you_mean(closest(name, candidates))
+
+
+def _did_you_mean(found: list[str]) -> str:
+    return " Did you mean " + " or ".join(repr(f) for f in found) + "?" if found else ""
+
+
+#: Other frameworks' words for a config key's words (cleanrl, SB3, RLlib, verl): ``learning_rate``
+#: is ``lr`` here. Used in both directions; each entry is a set of words that name one setting.
+KEY_SYNONYMS: tuple[frozenset[str], ...] = tuple(frozenset(s) for s in (
+    {"lr", "learning_rate", "learningrate", "step_size"},
+    {"gamma", "discount", "discount_factor"},
+    {"gae_lambda", "lambda", "lam", "gae_lam"},
+    {"clip_ratio", "clip_range", "clip_coef", "clip_param", "clip_eps", "clip"},
+    {"entropy_coeff", "ent_coef", "entropy_coef", "entropy_weight", "ent_coeff"},
+    {"vf_coef", "value_coef", "vf_loss_coeff", "value_loss_coef", "vf_coeff"},
+    {"epochs", "n_epochs", "update_epochs", "num_epochs", "ppo_epochs"},
+    {"num_minibatches", "n_minibatches", "minibatches"},
+    {"rollout_steps", "num_steps", "n_steps", "horizon", "rollout_length"},
+    {"total_env_steps", "total_timesteps", "total_steps", "timesteps", "num_env_steps"},
+    {"num_envs", "n_envs", "num_env", "envs"},
+    {"max_grad_norm", "grad_clip", "clip_grad_norm", "grad_norm"},
+    {"norm_adv", "normalize_advantage", "norm_advantages", "normalize_advantages"},
+    {"hidden_sizes", "net_arch", "hidden_dims", "layers"},
+    {"max_episode_steps", "time_limit", "episode_length", "max_steps"},
+))
+
+
+def _words(key: str) -> list[str]:
+    return [w for w in re.split(r"[_\-]+", key.lower()) if w]
+
+
+def closest_keys(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
+    """The up to ``n`` dotted config keys closest to the unknown key ``name``.
+
+    In order: a known synonym of its last part under the same prefix (``algo.learning_rate`` ->
+    ``algo.lr``); a key whose last part is its initials or the other way round (``lr`` <->
+    ``learning_rate``); keys spelled alike (:func:`closest`); keys under the same prefix sharing a
+    word of the last part or starting with it (``algo.clip`` -> ``algo.clip_ratio``)."""
+    candidates = list(candidates)
+    prefix, _, tail = name.rpartition(".")
+    here = {c.rpartition(".")[2]: c for c in candidates if c.rpartition(".")[0] == prefix}
+    found: list[str] = []
+
+    def add(keys: Iterable[str]) -> None:
+        for key in keys:
+            if key not in found:
+                found.append(key)
+
+    low = tail.lower()
+    for group in KEY_SYNONYMS:
+        if low in group or low.replace("-", "_") in group:
+            add(here[t] for t in sorted(group) if t in here and t != tail)
+    words = _words(tail)
+    initials = "".join(w[0] for w in words)
+    add(c for t, c in here.items() if len(words) > 1 and t.lower() == initials
+        or len(_words(t)) > 1 and "".join(w[0] for w in _words(t)) == low)
+    if found:
+        return found[:n]
+    add(closest(name, candidates, n))
+    if len(found) < n and words:
+        shared = [c for t, c in here.items() if c not in found and (set(words) & set(_words(t)) or t.lower().startswith(low))]
+        add(sorted(shared, key=lambda c: -difflib.SequenceMatcher(None, tail, c.rpartition(".")[2]).ratio()))
+    return found[:n]
+
+
+def did_you_mean_key(name: str, candidates: Iterable[str]) -> str:
+    """A ' Did you mean ...?' sentence for an unknown config key (:func:`closest_keys`), or ''."""
+    return _did_you_mean(closest_keys(name, candidates))

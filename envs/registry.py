@@ -8,8 +8,11 @@ gymnasium id, ``module:EnvId`` or ``package.module:ClassName`` goes through the 
 
 from __future__ import annotations
 
+import importlib.util
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from embodied.errors import UserError
 from embodied.registry import Registry
@@ -65,7 +68,45 @@ def make_vec_env(cfg: EnvConfig, seed: int = 0) -> VecEnv:
     """Build the vectorized env that ``cfg`` describes (not yet reset)."""
     if cfg.num_envs < 1:
         raise UserError(f"env.num_envs must be >= 1, got {cfg.num_envs}.")
+    check_env_module(cfg.id)
     return ADAPTERS.get(resolve_adapter(cfg)).make(cfg, seed)
+
+
+def check_env_module(env_id: str) -> None:
+    """For a ``package.module:Name`` id: a UserError saying how to make the module importable when
+    Python cannot find it (or a package above it) on ``sys.path``. A module that is found but fails
+    while it imports is left to the adapter, whose message names that error."""
+    if ":" not in env_id:
+        return
+    module_name = env_id.split(":", 1)[0]
+    try:
+        found = importlib.util.find_spec(module_name) is not None
+        missing = module_name
+    except ModuleNotFoundError as err:  # a package above it is missing
+        found, missing = False, err.name or module_name
+    except (ImportError, ValueError):
+        return
+    if not found:
+        raise UserError(not_importable_message(env_id, module_name, missing))
+
+
+def not_importable_message(env_id: str, module_name: str, missing: str) -> str:
+    """What to do when ``module_name`` of ``env.id`` (``missing``: the first part Python did not
+    find) is not on ``sys.path``: the folder holding its top package goes on PYTHONPATH, or the
+    package is installed. The ``embodied`` command does not search the current directory."""
+    top = module_name.split(".", 1)[0]
+    if missing != top:  # its package is importable: the module is not in it
+        return (f"env.id={env_id!r}: cannot import module {module_name!r}: Python finds package {top!r} but no "
+                f"module {missing!r} in it. Check the module's name (env.id='package.module:ClassName').")
+    cwd = Path.cwd()
+    here = (cwd / top).is_dir() or (cwd / f"{top}.py").is_file()
+    where = (f"{top!r} is in the current directory {cwd}, which the `embodied` command does not search: run "
+             f"`PYTHONPATH={shlex.quote(str(cwd))} embodied train ...`" if here else
+             f"the current directory is {cwd}; put the folder that holds {top!r} on PYTHONPATH "
+             f"(`PYTHONPATH=/path/to/that/folder embodied train ...`)")
+    return (f"env.id={env_id!r}: cannot import module {module_name!r} (no module named {missing!r} on Python's "
+            f"path). Your env's package must be importable: {where}, or install it (`pip install -e .` in its "
+            "project).")
 
 
 def load_builtin_adapters() -> None:

@@ -17,12 +17,12 @@ import argparse
 import json
 import logging
 import sys
-import textwrap
+import io
 from pathlib import Path
 from typing import Any
 
 from embodied.config import apply_overrides, load_yaml, parse_override
-from embodied.errors import FailureContext, UserError
+from embodied.errors import FailureContext, Terminated, UserError, exit_code_of, exit_on_signals, fill_paragraph
 from embodied.logs import console_logging, debug_enabled, report_failure, write_traceback_file
 from embodied.runtime.cluster import apply_torch_process_env
 from embodied.runtime.watchdog import start_watchdog
@@ -56,6 +56,7 @@ def build_train_config(args: list[str]):
             rest.append(text)
     if resume is not None:
         from embodied.checkpoint import find_checkpoint
+        from pipelines.rundir import has_checkpoint
 
         if not (Path(resume) / "config.yaml").is_file():
             find_checkpoint(resume)  # no run there at all: the checkpoint error says what was expected
@@ -66,6 +67,8 @@ def build_train_config(args: list[str]):
         if recipe is not None and recipe != data.get("recipe"):
             raise UserError(f"resume={resume} continues recipe {data.get('recipe')!r}; do not name another recipe ({recipe!r}).")
         cfg = apply_overrides(schema_of(data), data, rest)
+        if not has_checkpoint(resume):  # it failed before its first checkpoint: it starts again from its beginning
+            return cfg
         find_checkpoint(resume, fallback=cfg.resume_fallback)  # a corrupt latest checkpoint: a clear error now
         return _without_init(cfg)
     _, data = load_recipe(recipe or DEFAULT_RECIPE)
@@ -84,6 +87,13 @@ def _without_init(cfg):
 
 
 def cmd_train(args: list[str]) -> int:
+    # SIGTERM and SIGHUP (the terminal closed) end it with 143 / 129 after the cleanup of `finally`
+    # blocks, before the run too (the runner counts them while it runs: pipelines.runner.GracefulStop)
+    with exit_on_signals():
+        return _train(args)
+
+
+def _train(args: list[str]) -> int:
     # The config first: a bad key, value or recipe is a one-paragraph error before the runner and
     # the checkpoint code load and before the watchdog process starts (a typo: 5.5 -> 3.6 CPU-s;
     # the rest is torch, which the config's schema still imports through the workflow registry)
@@ -91,7 +101,7 @@ def cmd_train(args: list[str]) -> int:
 
     from embodied.checkpoint import find_checkpoint
     from embodied.logs import open_run_log
-    from pipelines.rundir import RunDir
+    from pipelines.rundir import RunDir, has_checkpoint
     from pipelines.runner import Runner
     from pipelines.workflow import WORKFLOWS
 
@@ -99,12 +109,15 @@ def cmd_train(args: list[str]) -> int:
     # Ray processes, workers or env processes behind (embodied.runtime.watchdog).
     start_watchdog()
     workflow = WORKFLOWS.get(cfg.workflow).build(cfg)
+    continues = cfg.resume is not None and has_checkpoint(cfg.resume)  # else a new run, or one started again
+    if continues and finished(cfg, workflow):
+        return 0
     spaces = workflow.preflight()  # env id, policy vs action space, files: fail before a run dir is touched
     # behaviour cloning first (cached), when the recipe asks for it; a resumed run has its weights
-    cfg, warm = warm_start(cfg) if cfg.resume is None else (cfg, None)
+    cfg, warm = warm_start(cfg) if not continues else (cfg, None)
     if warm is not None:  # the workflow starts from the cloned weights (policy.init)
         workflow = WORKFLOWS.get(cfg.workflow).build(cfg)
-    if cfg.resume is not None:  # the new config must build the model the checkpoint holds
+    if continues:  # the new config must build the model the checkpoint holds
         workflow.check_checkpoint(find_checkpoint(cfg.resume, fallback=cfg.resume_fallback), *spaces)
     with RunDir.create(cfg, resume=cfg.resume is not None) as run, open_run_log(run.path):
         LOG.info(f"[embodied] recipe {cfg.recipe} -> {run.path} (logs in {run.path / 'logs'})")
@@ -114,9 +127,43 @@ def cmd_train(args: list[str]) -> int:
         try:
             summary = runner.run()
         except BaseException as exc:  # one paragraph on the terminal, the traceback in the log
-            return report_failure(exc, runner.failure_context())
+            try:
+                return report(exc, runner.failure_context())
+            except OSError:  # the terminal is gone (closed: SIGHUP): the log has it all
+                return exit_code_of(exc)
         _print_summary(summary, run.path)
     return 0
+
+
+def finished(cfg, workflow) -> bool:
+    """Whether ``resume=`` names a run that already did its budget (``algo.total_env_steps`` or
+    less than its checkpoint's steps) and wrote its final summary: then one line says so and how to
+    train longer, and nothing is written (its summary.json stays as it is)."""
+    from embodied.checkpoint import find_checkpoint
+    from embodied.errors import resume_command
+
+    run_dir = Path(cfg.resume)
+    try:
+        state = json.loads((find_checkpoint(run_dir, fallback=cfg.resume_fallback) / "state.json").read_text())
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    done, total = int(state.get("env_steps", 0)), int(workflow.total_steps)
+    if done < total or not isinstance(summary, dict) or summary.get("interrupted"):
+        return False
+    unit = workflow.unit if workflow.unit != "steps" else "env steps"
+    budget = total_budget_key(workflow)
+    more = max(2 * done, done + workflow.steps_per_iteration)
+    LOG.info(f"[embodied] {run_dir} is finished: it trained {done:,} {unit} ({budget}={total:,} asks for "
+             f"{'no more' if done == total else 'fewer'}); nothing was done and its summary.json is unchanged. To train "
+             f"longer, give a larger budget: `{resume_command(run_dir, f'{budget}={more}')}`")
+    return True
+
+
+def total_budget_key(workflow) -> str:
+    """The config key of a run's budget: ``algo.total_prompts`` of a run counting prompts, else
+    ``algo.total_env_steps``."""
+    return "algo.total_prompts" if workflow.unit == "prompts" else "algo.total_env_steps"
 
 
 def warm_start(cfg):
@@ -279,19 +326,70 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     fn = COMMANDS[ns.command][0]
     try:
-        return fn(ns.args)
+        code = fn(ns.args)
+        sys.stdout.flush()  # here, not at exit: a reader that went away (`| head`) is handled below
+        return code
     except UserError as err:
-        msg = textwrap.fill(str(err).split("\n--- traceback")[0], width=100)
-        print(f"embodied {ns.command}: error: {msg}", file=sys.stderr)
+        msg = str(err).split("\n--- traceback")[0]
+        print(fill_paragraph(f"embodied {ns.command}: error: {msg}"), file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("embodied: interrupted", file=sys.stderr)
         return 130
+    except Terminated as stop:  # SIGTERM / SIGHUP before a run started (exit_on_signals)
+        try:
+            print(f"embodied: {stop}", file=sys.stderr)
+        except OSError:
+            pass
+        return stop.exit_code
     except Exception as exc:  # before or outside a run: a corrupt checkpoint (4), an env failing (3), a bug (1)
+        if isinstance(exc, BrokenPipeError) and _stdout_gone():  # `embodied config RECIPE | head`
+            return _quiet_broken_pipe()
         if debug_enabled():
             raise
-        return report_failure(exc, FailureContext(doing=f"preparing `embodied {ns.command}`",
-                                                  log_path=write_traceback_file(exc)))
+        return report(exc, FailureContext(doing=f"preparing `embodied {ns.command}`", log_path=write_traceback_file(exc)))
+
+
+def report(exc: BaseException, context: FailureContext) -> int:
+    """:func:`embodied.logs.report_failure` (the traceback to the log, the paragraph to the
+    terminal; the exit code), the paragraph wrapped by :func:`embodied.errors.fill_paragraph`:
+    paths and the resume command stay whole on one line, to copy and paste."""
+    out = io.StringIO()
+    code = report_failure(exc, context, stream=out, width=sys.maxsize)
+    sys.stderr.write(fill_paragraph(out.getvalue()) + "\n")
+    sys.stderr.flush()
+    return code
+
+
+#: The exit code when the reader of stdout went away (`embodied config RECIPE | head`): 128 + SIGPIPE,
+#: what a program that the shell's SIGPIPE ended returns (`set -o pipefail` sees the same as for `cat`).
+EXIT_BROKEN_PIPE = 141
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _quiet_broken_pipe() -> int:
+    """End quietly after stdout's reader went away: nothing more is written to it (Python's flush at
+    exit would raise again), no message, no log file."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from embodied.checkpoint import list_checkpoints
 from embodied.config import save_yaml
-from embodied.errors import UserError, storage_error
+from embodied.errors import UserError, resume_command, storage_error
 
 LOCK_FILE = ".lock"
 CONFIG_FILE = "config.yaml"
@@ -114,7 +115,8 @@ class RunDir:
             if path.exists() and any(p.name != LOCK_FILE for p in path.iterdir()):
                 raise UserError(
                     f"Run dir {str(path)!r} already exists and is not empty. Continue it with "
-                    f"resume={path}, or choose another run.dir."
+                    f"`{resume_command(path)}` (a run with no checkpoint yet starts again from its beginning), "
+                    "or choose another run.dir."
                 )
             try:
                 path.mkdir(parents=True, exist_ok=True)
@@ -143,6 +145,13 @@ class RunDir:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def has_checkpoint(run_dir: str | Path) -> bool:
+    """Whether the run in ``run_dir`` saved a checkpoint (intact or not): without one, ``resume=``
+    starts it again from its beginning."""
+    root = Path(run_dir) / "checkpoints"
+    return (root / "latest").is_file() or bool(list_checkpoints(root))
 
 
 def _save_config(cfg: Any, path: Path) -> None:

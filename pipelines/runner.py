@@ -10,16 +10,23 @@ over the first iterations (:mod:`pipelines.calibrate`), re-planning on drift
 (:mod:`pipelines.replan`) and checkpoints every ``checkpoint.every``; finally a checkpoint, the
 final evaluation (with its video) and ``summary.json``.
 
-A first Ctrl-C (SIGINT) or SIGTERM stops the run after the current iteration: a checkpoint and
-``summary.json`` are written, every process the run started is stopped, and the run ends with
-``KeyboardInterrupt`` (exit code 130) or ``Terminated`` (143); a second one aborts at once.
+A first Ctrl-C (SIGINT), SIGTERM or SIGHUP (the terminal closed) while iterating stops the run
+after the current iteration: a checkpoint and ``summary.json`` are written, every process the run
+started is stopped, and the run ends with ``KeyboardInterrupt`` (exit code 130) or ``Terminated``
+(143, 129); a second one, or one while the run starts or runs its final evaluation, aborts at once
+(:class:`GracefulStop`).
+
+``resume=`` of a run with no checkpoint yet (it failed before its first one) starts it again from
+its beginning in the same run dir, its earlier metrics dropped.
 """
 
 from __future__ import annotations
 
+import _thread
 import json
 import logging
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -38,11 +45,103 @@ from embodied.seeding import seed_everything
 from pipelines.calibrate import Calibrated, Calibrator
 from pipelines.learn import CostLearner, describe_provenance
 from pipelines.replan import Replanner
-from pipelines.rundir import RunDir
+from pipelines.rundir import RunDir, has_checkpoint
 from pipelines.workflow import Layout, Workflow
 from scheduler import PlanResult, Profile
 
 LOG = logging.getLogger("embodied")
+
+
+#: The signals that stop a run: Ctrl-C, a scheduler's or ``kill``'s SIGTERM, the terminal closing.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class GracefulStop:
+    """A run's handling of :data:`STOP_SIGNALS` (a context manager; main thread only, a no-op
+    elsewhere; the previous handlers and wakeup fd come back on exit).
+
+    Every arrival counts. Python runs a signal's handler once for however many arrivals came
+    before the main thread got to it, and a driver waiting in ``ray.wait`` gets to it only about
+    once a second, so two Ctrl-Cs 0.2 s apart would be one. The arrivals are therefore read from
+    Python's signal wakeup fd (one byte per arrival, written by the C-level handler) by a thread:
+    the first one while the runner iterates (:attr:`Runner.stopping_allowed`) sets
+    :attr:`Runner.stop_signal` and says so on the terminal at once; a second one, or a first one
+    while the run starts or evaluates at the end, makes the main thread raise
+    ``KeyboardInterrupt`` (SIGINT) or ``Terminated`` (128 + signal) at its next check, within a
+    second in ``ray.wait`` and at once elsewhere. It raises once: cleanup is not interrupted by
+    more signals.
+
+    A closed terminal sends SIGHUP to the whole process group, the run's Ray processes, workers and
+    env processes with it, which it would kill on the spot. The main thread therefore blocks
+    SIGHUP while the run lives: every process it starts (Ray's, and through them the workers and
+    their env processes; the driver's env processes) inherits the blocked signal, and the driver's
+    SIGHUP is taken by the watcher thread, the one thread that leaves it unblocked."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.saved: dict[int, Any] = {}
+        self.abort: int | None = None  # the signal that aborts the run, once decided
+        self.raised = False
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        self._reader, self._writer = socket.socketpair()
+        self._writer.setblocking(False)
+        for sig in STOP_SIGNALS:
+            self.saved[sig] = signal.signal(sig, self.handle)
+        self._previous_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._watch, name="embodied-signals", daemon=True)
+        self._thread.start()  # before the main thread blocks SIGHUP: it keeps it unblocked
+        self._previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+        return self
+
+    def _watch(self) -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
+        while True:
+            try:
+                data = self._reader.recv(64)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum in STOP_SIGNALS:
+                    self._arrived(signum)
+
+    def _arrived(self, signum: int) -> None:
+        runner, name = self.runner, signal.Signals(signum).name
+        with self._lock:
+            if self.abort is not None:  # aborting already (or this is the echo of our own interrupt)
+                return
+            if runner.stop_signal is None and runner.stopping_allowed:
+                runner.stop_signal = signum
+                LOG.info(f"[embodied] {name}: stopping after the current iteration (a checkpoint and summary.json "
+                         "are written); send it again to abort at once")
+                return
+            self.abort = signum
+        LOG.info(f"[embodied] {name}: aborting now")
+        _thread.interrupt_main(signum)  # the main thread runs handle() at its next check
+
+    def handle(self, signum: int, frame: Any) -> None:
+        """The Python-level handler: raises once the watcher decided to abort. (A first signal
+        runs it too, before or after the watcher has read it: then it does nothing.)"""
+        if self.abort is not None and not self.raised:
+            self.raised = True
+            raise KeyboardInterrupt if self.abort == signal.SIGINT else Terminated(self.abort)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is None:
+            return
+        signal.pthread_sigmask(signal.SIG_SETMASK, self._previous_mask)
+        signal.set_wakeup_fd(self._previous_fd)
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+        self._writer.close()  # the watcher reads the end of the stream and returns
+        self._thread.join(timeout=2.0)
+        self._reader.close()
 
 
 class Runner:
@@ -63,7 +162,8 @@ class Runner:
         self.planned: PlanResult | None = None  # the planner's first result (its candidates go to plan.json)
         self.learner = CostLearner(workflow, cfg.plan.learn, str(run.path) if run is not None else "?")
         self.doing = "starting"  # what the run is doing, for failure messages
-        self.stop_signal: int | None = None  # a first Ctrl-C / SIGTERM: stop after this iteration
+        self.stop_signal: int | None = None  # a first Ctrl-C / SIGTERM / SIGHUP: stop after this iteration
+        self.stopping_allowed = False  # whether a first signal stops after the iteration (else: abort)
 
     # --- setup -------------------------------------------------------------------------------------
     def plan(self, cluster: Cluster) -> PlanResult | None:
@@ -138,7 +238,9 @@ class Runner:
         cfg, run = self.cfg, self.run_dir
         assert run is not None, "Runner.run() writes a run dir"
         seed_everything(cfg.seed)
-        trainer_state, resume_point = self.read_checkpoint() if cfg.resume is not None else (None, None)
+        trainer_state, resume_point = None, None
+        if cfg.resume is not None:  # without a checkpoint: again from the beginning, the old rows dropped
+            trainer_state, resume_point = self.read_checkpoint() if has_checkpoint(run.path) else (None, ResumePoint(0, 0))
         logger = MetricsLogger(
             run.path, to_dict(cfg), cfg.logging.tensorboard, cfg.logging.wandb,
             cfg.logging.wandb_project, cfg.logging.wandb_mode, resume=cfg.resume is not None, resume_from=resume_point,
@@ -155,10 +257,15 @@ class Runner:
                 if trainer_state is not None:
                     self.workflow.load_trainer_state(trainer_state)
                     LOG.info(f"[embodied] resumed from {self.resumed_from} at iteration {self.iteration}, {self.steps:,} env steps")
+                rows = read_metrics(run.path)  # a resumed run's iterations so far
+                rate_key = self.workflow.throughput_metric  # the rate summary.json reports, also on the bar
                 progress = Progress(self.workflow.total_steps, cfg.logging.progress, cfg.run.log_every_s, self.steps,
-                                    unit=self.workflow.unit, shown=self.workflow.headline)
+                                    unit=self.workflow.unit, shown=self.workflow.headline, rate_key=rate_key,
+                                    rates=[r[rate_key] for r in rows if r.get(rate_key)])
                 t_start = time.perf_counter()
-                last: dict[str, Any] = {}
+                # a resumed run with nothing left to do still reports its last iteration's numbers
+                last: dict[str, Any] = dict(rows[-1]) if rows else {}
+                self.stopping_allowed = True
                 while not self.done() and self.stop_signal is None:
                     self.doing = f"running iteration {self.iteration + 1}"
                     metrics = self.step()
@@ -181,8 +288,9 @@ class Runner:
                 progress = None
                 wall_s = self.wall_s_before + time.perf_counter() - t_start
                 self.checkpoint(wall_s)
+                self.stopping_allowed = False  # a signal now ends the final evaluation at once
+                final_eval = {} if self.stop_signal is not None else self.final_evaluation()
                 interrupted = self.stop_signal is not None
-                final_eval = {} if interrupted else self.final_evaluation()
                 summary = {
                     "recipe": cfg.recipe,
                     "iterations": self.iteration,
@@ -208,36 +316,25 @@ class Runner:
                 cluster.shutdown()
 
     def final_evaluation(self) -> dict[str, Any]:
-        self.doing = "evaluating the final policy"
-        video = self.run_dir.path / "videos" if getattr(self.cfg.eval, "video", False) and self.run_dir is not None else None
-        return self.workflow.evaluate(video_dir=video)
+        """The final evaluation's metrics; {} when a signal ended it (:attr:`stop_signal` set:
+        the summary is still written, marked interrupted)."""
+        try:
+            self.doing = "evaluating the final policy"
+            video = self.run_dir.path / "videos" if getattr(self.cfg.eval, "video", False) and self.run_dir is not None else None
+            return self.workflow.evaluate(video_dir=video)
+        except KeyboardInterrupt:
+            self.stop_signal = signal.SIGINT
+        except Terminated as stop:
+            self.stop_signal = stop.signum
+        LOG.info("[embodied] the final evaluation was stopped; summary.json is written without it")
+        return {}
 
-    def graceful_stop(self) -> Any:
-        """Within the block, a first SIGINT or SIGTERM asks the run to stop after the current
-        iteration (:attr:`stop_signal`); a second one aborts at once (``KeyboardInterrupt`` /
-        ``Terminated``). Only in the main thread; the previous handlers come back after."""
-        runner = self
-
-        class _Stop:
-            def __enter__(self) -> None:
-                self.saved = {}
-                if threading.current_thread() is not threading.main_thread():
-                    return
-                for sig in (signal.SIGINT, signal.SIGTERM):
-                    self.saved[sig] = signal.signal(sig, self.handle)
-
-            def handle(self, signum: int, frame: Any) -> None:
-                if runner.stop_signal is not None:  # the second signal: abort now
-                    raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
-                runner.stop_signal = signum
-                LOG.info(f"[embodied] {signal.Signals(signum).name}: stopping after the current iteration (a checkpoint "
-                         "and summary.json are written); send it again to abort at once")
-
-            def __exit__(self, *exc: object) -> None:
-                for sig, handler in self.saved.items():
-                    signal.signal(sig, handler)
-
-        return _Stop()
+    def graceful_stop(self) -> GracefulStop:
+        """Within the block, a first SIGINT, SIGTERM or SIGHUP while iterating asks the run to stop
+        after the current iteration (:attr:`stop_signal`); a second one, or a first one while the
+        run starts or evaluates at the end, aborts at once (``KeyboardInterrupt`` / ``Terminated``).
+        See :class:`GracefulStop`."""
+        return GracefulStop(self)
 
     def failure_context(self) -> FailureContext:
         """What the failure paragraph needs: what the run was doing, its last checkpoint, how to resume."""

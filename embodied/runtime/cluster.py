@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import threading
 from collections.abc import Iterator
@@ -190,6 +191,8 @@ class Cluster:
                     log.warning("the local Ray listens on %s, not only on %s (Ray changed how it resolves "
                                 "the node address)", node_ip, LOCAL_HOST)
         self._started_ray = True
+        if not kwargs["log_to_driver"]:
+            _raylet_messages_to_log(True)
 
     @property
     def num_cpus(self) -> float:
@@ -250,6 +253,7 @@ class Cluster:
 
             ray.shutdown()
             self._started_ray = False
+            _raylet_messages_to_log(False)
 
     def __enter__(self) -> Cluster:
         return self
@@ -317,6 +321,35 @@ def _without_env(key: str) -> Iterator[None]:
     finally:
         if saved is not None:
             os.environ[key] = saved
+
+
+#: Ray's function printing the "(raylet) A worker died ..." messages (None: not replaced).
+_RAY_PRINT_TO_STDSTREAM = None
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _raylet_messages_to_log(on: bool) -> None:
+    """Send the error messages Ray's driver thread prints as ``(raylet) ...`` (a worker died, an
+    actor's OOM kill; with colour codes, whatever ``log_to_driver`` says) to Ray's logger
+    ``ray.raylet``, i.e. to driver.log and not the terminal (the failure paragraph tells the
+    user); ``on=False`` puts Ray's printing back."""
+    global _RAY_PRINT_TO_STDSTREAM
+    from ray._private import worker as ray_worker
+
+    if on and _RAY_PRINT_TO_STDSTREAM is None:
+        original = _RAY_PRINT_TO_STDSTREAM = ray_worker.print_to_stdstream
+        raylet_log = logging.getLogger("ray.raylet")
+
+        def to_log(data: dict, ignore_prefix: bool) -> None:
+            if data.get("pid") != "raylet":
+                return original(data, ignore_prefix)
+            for line in data.get("lines", []):
+                raylet_log.warning("(raylet) %s", _ANSI.sub("", str(line)))
+
+        ray_worker.print_to_stdstream = to_log
+    elif not on and _RAY_PRINT_TO_STDSTREAM is not None:
+        ray_worker.print_to_stdstream = _RAY_PRINT_TO_STDSTREAM
+        _RAY_PRINT_TO_STDSTREAM = None
 
 
 @contextlib.contextmanager

@@ -84,12 +84,13 @@ def test_worker_failure_paragraph_names_what_where_doing_checkpoint_resume_and_l
     assert "\n" not in text and "boom" not in text  # one paragraph; the traceback stays in the log
 
 
-def test_paragraph_without_checkpoint_says_there_is_nothing_to_resume():
+def test_paragraph_without_checkpoint_gives_the_command_that_starts_it_again():
     text = format_failure(StorageError("Writing metrics.jsonl failed at runs/x/metrics.jsonl: No space left on device; "
                                        "0 B free on its file system.", "runs/x/metrics.jsonl"),
                           FailureContext(run_dir=Path("runs/x")))
     assert text.startswith("Storage failed (exit code 4): Writing metrics.jsonl failed at runs/x/metrics.jsonl")
-    assert text.endswith("No checkpoint was saved yet, so there is nothing to resume: start the run again.")
+    assert text.endswith("No checkpoint was saved yet: `embodied train resume=runs/x` starts the run again from its "
+                         "beginning, in the same run dir.")
 
 
 def test_user_error_paragraph_is_its_message_alone():
