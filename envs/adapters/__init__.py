@@ -7,3 +7,4 @@ from envs.adapters import libero_adapter  # noqa: F401
 from envs.adapters import maniskill_adapter  # noqa: F401
 from envs.adapters import color_reach  # noqa: F401
 from envs.adapters import mjx_adapter  # noqa: F401
+from envs.adapters import metaworld_adapter  # noqa: F401
