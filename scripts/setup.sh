@@ -4,7 +4,7 @@
 #   scripts/setup.sh [VENV] [PROFILE]
 #
 # PROFILE: "train" (what the default recipe needs: core + ManiSkill) or "full" (everything the
-# test suite exercises: ManiSkill, LIBERO/robosuite, MJX, VLA, dev tools). Idempotent: a stamp file
+# test suite exercises: ManiSkill, LIBERO/robosuite, MJX, Meta-World, VLA, dev tools). Idempotent: a stamp file
 # records what was installed, and a second run with nothing changed returns at once.
 #
 # torch is installed FIRST, as a CPU build where there is no NVIDIA GPU, so that no later
@@ -28,7 +28,7 @@ TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 
 case "$PROFILE" in
   train) EXTRAS="maniskill" ;;
-  full)  EXTRAS="maniskill,libero,mjx,vla,reasoning,compare,dev" ;;
+  full)  EXTRAS="maniskill,libero,mjx,metaworld,vla,reasoning,compare,dev" ;;
   *) echo "setup.sh: unknown profile '$PROFILE' (use train or full)" >&2; exit 2 ;;
 esac
 
