@@ -231,11 +231,13 @@ def mode_of(plan: Plan) -> type[RunMode]:
     return RUN_MODES.get(plan.mode)
 
 
-@RUN_MODES.register("colocated", doc="Env and rollout workers of their own, chunks pipelined over channels.")
-@RUN_MODES.register("disaggregated", doc="Env and rollout workers of their own, chunks pipelined over channels.")
-@RUN_MODES.register("hybrid", doc="Env and rollout workers of their own, chunks pipelined over channels.")
+@RUN_MODES.register("colocated")
+@RUN_MODES.register("disaggregated")
+@RUN_MODES.register("hybrid")
 class Pipelined(RunMode):
-    """``workers.env`` env workers and the rollout's workers in processes of their own: each env
+    """Env workers and rollout workers apart, the chunks pipelined over channels.
+
+    ``workers.env`` env ranks and the rollout's ranks run in processes of their own: each env
     rank's chunks send observations to the rollout and step with the actions that come back over
     channels, chunk c+1 simulated while chunk c waits. Where the components sit (one pool, apart,
     or partly shared) is the layout's; the wiring is the same."""
@@ -247,6 +249,8 @@ class Pipelined(RunMode):
         super().__init__(setup)
         self.env: WorkerGroup | None = None
         self.rollout: WorkerGroup | None = None
+        self.observations: Channel | None = None  # env -> rollout (set by connect)
+        self.actions: Channel | None = None  # rollout -> env
 
     @classmethod
     def requests(cls, cfg: EmbodiedConfig, layout: Layout) -> Requests:
@@ -323,9 +327,10 @@ class Pipelined(RunMode):
 
 @RUN_MODES.register("shared")
 class Shared(Pipelined):
-    """The pipelined wiring with the rollout as ``plan.lanes`` one-thread ranks (its lanes) that
-    float with the env, one thread, over the whole pool unpinned; the lanes split the rollout's
-    reservation. The planner prices the env as one thread and each lane as its own process: it
+    """The pipelined wiring with the rollout as lanes that float with the env over one pool.
+
+    The rollout runs as ``plan.lanes`` one-thread ranks (its lanes) that float with the env, one
+    thread, over the whole pool unpinned; the lanes split the rollout's reservation. The planner prices the env as one thread and each lane as its own process: it
     needs an ``inprocess`` env (no env processes) with one env worker, and Ray workers (the local
     backend runs every worker in one process), on one node (a pool is one node's cores)."""
 
@@ -351,8 +356,10 @@ class Shared(Pipelined):
 
 @RUN_MODES.register("streams")
 class Streams(RunMode):
-    """One :class:`StreamWorker` per stream: the stream's env chunk and the policy that acts in it
-    in one process, pinned to the stream's cores as its rollout rank (its cores, the rollout's
+    """One StreamWorker per stream: env chunk and policy in one process, no channel between.
+
+    Each :class:`StreamWorker` holds the stream's env chunk and the policy that acts in it in one
+    process, pinned to the stream's cores as its rollout rank (its cores, the rollout's
     threads), reserving what the stream's env and rollout ranks would. It needs one configured env
     worker (the streams split its envs) and Ray workers, on one node."""
 
