@@ -284,7 +284,9 @@ def flat_state(obs: dict[str, torch.Tensor]) -> torch.Tensor:
 
 @ALGORITHMS.register("sac")
 class SAC:
-    """SAC: the actor, the critic ensemble and its targets, the temperature, and their optimizers."""
+    """SAC: twin critics with Polyak targets, a tanh-squashed Gaussian actor, automatic entropy tuning (workflow offpolicy).
+
+    Holds the actor, the critic ensemble and its targets, the temperature, and their optimizers."""
 
     name: ClassVar[str] = "sac"
     off_policy: ClassVar[bool] = True

@@ -79,6 +79,18 @@ def test_rlpd_mixes_a_scripted_experts_demonstrations_into_its_batches(tmp_path)
     assert np.isfinite(rows[-1]["losses/qf_loss"]) and summary["env_steps"] == 1024
 
 
+@pytest.mark.slow
+def test_two_env_workers_of_two_chunks_fill_one_buffer_and_sync_every_k_updates(tmp_path):
+    _, rows = train(*REACH, "workers.env=2", "plan.chunks=2", "env.num_envs=4", "algo.total_env_steps=1024",
+                    "algo.learning_starts=256", "algo.sync_every=64", "plan.profile=false", f"run.dir={tmp_path / 'two'}")
+    assert [r["replay/size"] for r in rows[:3]] == [64, 128, 192]  # 2 workers x 2 chunks x 2 envs x 8 steps each
+    learning = [r for r in rows if r["rollout/explore"] == 0.0]
+    assert all(r["losses/updates"] == 32 for r in learning[1:])
+    # 32 updates an iteration, a sync every 64: every other iteration, the actors 32 or 64 updates behind
+    assert [r["weights/synced"] for r in learning[1:7]] in ([1.0, 0.0] * 3, [0.0, 1.0] * 3)
+    assert {r["weights/lag"] for r in learning[2:]} == {32.0, 64.0}
+
+
 def test_rlpd_without_demonstrations_and_pixels_are_refused():
     with pytest.raises(Exception, match="algo.name=rlpd mixes demonstrations into every batch: set demos.expert"):
         build_train_config(["maniskill_pickcube_sac", "algo.name=rlpd"])
