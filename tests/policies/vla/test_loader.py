@@ -352,3 +352,64 @@ def test_a_missing_part_is_counted_by_part(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"^the checkpoint lacks 12 key\(s\) the model needs, 12 in the second vision "
                        r"tower \(vision_backbone\.fused_featurizer\.\*\), e\.g\. '[^']+'\.$"):
         load_openvla(path)
+
+
+def timm_shapes(prefix: str, family: str, width: int, depth: int, mlp: int, patches: int, patch: int = 14) -> dict:
+    """The shapes of the keys a timm tower's sizes are read from (as a safetensors header has them)."""
+    shapes = {prefix + "pos_embed": (1, patches, width), prefix + "patch_embed.proj.weight": (width, 3, patch, patch)}
+    if family == "dinov2":
+        shapes.update({prefix + "cls_token": (1, 1, width), prefix + "reg_token": (1, 4, width)})
+    for i in range(depth):
+        shapes.update({f"{prefix}blocks.{i}.mlp.fc1.weight": (mlp, width), f"{prefix}blocks.{i}.norm1.weight": (width,)})
+    return shapes
+
+
+def openvla_7b_shapes(dino_width: int = 1024, dino_depth: int = 24, dino_mlp: int = 4096) -> dict:
+    shapes = {
+        **timm_shapes("vision_backbone.featurizer.", "dinov2", dino_width, dino_depth, dino_mlp, 256),
+        **timm_shapes("vision_backbone.fused_featurizer.", "siglip", 1152, 27, 4304, 256),
+        "language_model.model.embed_tokens.weight": (32064, 4096),
+    }
+    for i in range(32):
+        shapes[f"language_model.model.layers.{i}.mlp.gate_proj.weight"] = (11008, 4096)
+        shapes[f"language_model.model.layers.{i}.self_attn.k_proj.weight"] = (4096, 4096)
+    return shapes
+
+
+OPENVLA_7B_CONFIG = {
+    "vision_backbone_id": "dinosiglip-vit-so-224px", "use_fused_vision_backbone": True, "image_sizes": [224, 224],
+    "text_config": {"model_type": "llama", "pad_token_id": 32000, "torch_dtype": "bfloat16", "vocab_size": 32064},
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_the_released_sizes_are_the_check_of_a_released_backbone_id() -> None:
+    from policies.vla.config import BACKBONES, VLAConfig
+    from policies.vla.sizes import check_sizes, with_checkpoint_sizes
+
+    shapes = openvla_7b_shapes()
+    config = VLAConfig.from_dict(with_checkpoint_sizes(dict(OPENVLA_7B_CONFIG), shapes))
+    assert config.towers == BACKBONES["dinosiglip-vit-so-224px"]
+    assert config.llama_config().num_attention_heads == 32 and config.llama_config().num_key_value_heads == 32
+    check_sizes(config, shapes)  # openvla-7b's own tensors pass
+    small = openvla_7b_shapes(dino_width=384, dino_depth=12, dino_mlp=1536)  # a DINOv2-S/14 in its place
+    config = VLAConfig.from_dict(with_checkpoint_sizes(dict(OPENVLA_7B_CONFIG), small))
+    with pytest.raises(UserError, match=r"^the checkpoint's DINOv2 tower \(vision_backbone\.featurizer\.\*\) has hidden size "
+                       r"384, 12 layers and MLP size 1536, the config \(vision_backbone_id 'dinosiglip-vit-so-224px'\) "
+                       r"asks for 1024, 24 and 4096: config\.json is not the config of these weights\.$"):
+        check_sizes(config, small)
+    # the same towers under an id of no released size: sizes and heads (width 64, SigLIP so400m 16) from the tensors
+    config = VLAConfig.from_dict(with_checkpoint_sizes({**OPENVLA_7B_CONFIG, "vision_backbone_id": "dinosiglip-vit-s"}, small))
+    assert [(t.hidden_size, t.num_layers, t.num_heads, t.mlp_size, t.image_size) for t in config.towers] == [
+        (384, 12, 6, 1536, 224), (1152, 27, 16, 4304, 224)]
+    check_sizes(config, small)
+
+
+def test_a_head_count_the_tensors_cannot_hold_comes_from_a_partial_towers_entry(tmp_path: Path) -> None:
+    path = write_tiny_checkpoint(tmp_path, num_shards=1)  # widths 64 and 48, 2 heads each
+    file = path / "config.json"
+    config = json.loads(file.read_text())
+    config["embodied_vision_towers"] = [{"num_heads": 2}, {"num_heads": 2}]
+    file.write_text(json.dumps(config))
+    loaded = load_openvla(path)
+    assert [(t.hidden_size, t.num_heads, t.mlp_size) for t in loaded.config.towers] == [(64, 2, 256), (48, 2, 152)]
