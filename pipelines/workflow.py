@@ -91,7 +91,7 @@ class Workflow(ABC):
 
     def _no_cost_model(self, method: str) -> NotImplementedError:
         return NotImplementedError(f"{type(self).__name__} has no cost model ({method} is one of "
-                                   f"{', '.join(COST_MODEL)}): it runs unplanned, with plan.profile=false")
+                                   f"{', '.join(COST_MODEL)}): it runs unplanned, as every workflow does with plan.profile=false")
 
     def preflight(self) -> tuple[Any, ...]:
         """Check the config's inputs (files, models, envs) before a run dir is written; raise a
