@@ -98,7 +98,7 @@ class WorkersConfig:
     rollout_cpus: float = 0.5
     """CPUs reserved per rollout rank."""
     trainer_cpus: float = 0.5
-    """CPUs reserved for the trainer."""
+    """CPUs reserved for the trainer, split between its ranks (``workers.trainer``)."""
     rollout_threads: int = 1
     """torch intra-op threads of each rollout rank (and of env ranks, which use torch only for
     batched simulators) when the run is not planned (``plan.profile=false``); a plan sets them

@@ -82,8 +82,9 @@ def rank_resources(cfg: EmbodiedConfig, component: str, layout: Layout, split: b
 
 
 def requests(cfg: EmbodiedConfig, layout: Layout) -> Requests:
-    """Every rank's Ray reservation under ``layout``: its mode's groups' and the trainer's."""
-    return {**mode_of(layout.plan).requests(cfg, layout), "trainer": rank_resources(cfg, "trainer", layout)}
+    """Every rank's Ray reservation under ``layout``: its mode's groups' and the trainer's (its
+    ranks split ``workers.trainer_cpus``, the trainer's reservation however many ranks it runs)."""
+    return {**mode_of(layout.plan).requests(cfg, layout), "trainer": rank_resources(cfg, "trainer", layout, split=True)}
 
 
 def amounts(requests: Requests) -> dict[str, list[dict[str, float]]]:

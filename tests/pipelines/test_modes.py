@@ -38,7 +38,7 @@ def test_every_plan_mode_is_run_by_a_registered_class():
 
 def test_a_mode_reserves_for_the_ranks_its_plans_set():
     """Lanes and streams split their component's configured CPUs; a stream rank reserves what its
-    env and rollout ranks would; the trainer's ranks each reserve ``workers.trainer_cpus``."""
+    env and rollout ranks would; the trainer's ranks split ``workers.trainer_cpus``."""
     cfg = _cfg("workers.env_cpus=1", "workers.rollout_cpus=0.5", "workers.trainer_cpus=0.5")
     workflow = EmbodiedWorkflow(cfg)
     cpus = lambda plan: {g: [r.num_cpus for r in ranks] for g, ranks in requests(cfg, workflow.layout_of(plan)).items()}  # noqa: E731
@@ -62,12 +62,23 @@ def test_a_plan_the_cluster_cannot_hold_is_never_chosen():
     assert workflow.shortfall(Plan("hybrid", POOL, 2, None, (), 1.0)) == "2.5 CPU (env 1, rollout 1, trainer 0.5), the cluster has 2"
 
 
-def test_when_no_plan_fits_planning_names_what_to_lower():
-    """``workers.trainer=2`` on 2 CPUs: every mode asks 2.5 CPUs; planning refuses at once
-    (before any worker reserves), naming the groups' shares."""
-    workflow = EmbodiedWorkflow(_cfg("workers.trainer=2"))
+def test_trainer_ranks_split_the_trainers_reservation():
+    """``workers.trainer=2`` on 2 CPUs (the README's DDP command): the two ranks reserve 0.25 CPU
+    each, so every mode's plans fit and one is chosen."""
+    cfg = _cfg("workers.trainer=2")
+    workflow = EmbodiedWorkflow(cfg)
     workflow.capacity = {"CPU": 2.0, "GPU": 0.0}
-    with pytest.raises(UserError, match=r"No plan fits the cluster.*2\.5 CPU \(.*trainer 1\), the cluster has 2.*workers\.<group>_cpus"):
+    result = workflow.plan(PROFILE)
+    assert all(workflow.shortfall(p) is None for p, _ in result.candidates)
+    assert [r.num_cpus for r in requests(cfg, workflow.layout_of(result.best))["trainer"]] == [0.25, 0.25]
+
+
+def test_when_no_plan_fits_planning_names_what_to_lower():
+    """An env rank of 1.5 CPUs on 2 CPUs: every mode asks 2.5 CPUs; planning refuses at once
+    (before any worker reserves), naming the groups' shares."""
+    workflow = EmbodiedWorkflow(_cfg("workers.env_cpus=1.5"))
+    workflow.capacity = {"CPU": 2.0, "GPU": 0.0}
+    with pytest.raises(UserError, match=r"No plan fits the cluster.*2\.5 CPU \(.*trainer 0\.5\), the cluster has 2.*workers\.<group>_cpus"):
         workflow.plan(PROFILE)
 
 
