@@ -100,8 +100,10 @@ def recipe_config(iterations: int, overrides: list[str] = ()) -> Any:
 def shared_settings(cfg: Any) -> Settings:
     """The settings both sides get, from a reasoning config. Refuses what TRL cannot match."""
     algo, kwargs = cfg.algo, cfg.policy.kwargs
-    if algo.epochs != 1 or algo.use_kl_loss or algo.anneal_lr or algo.loss_agg_mode not in TRL_LOSS_TYPES:
-        raise ValueError("the comparison maps one epoch, no KL loss, a constant lr and token-mean / seq-mean losses")
+    if (algo.epochs != 1 or algo.use_kl_loss or algo.anneal_lr or algo.loss_agg_mode not in TRL_LOSS_TYPES
+            or algo.clip_ratio_c is not None or algo.entropy_coeff):
+        raise ValueError("the comparison maps one epoch, no KL loss, no dual clip, no entropy bonus, a constant lr "
+                         "and token-mean / seq-mean losses")
     return Settings(
         prompts_per_iteration=cfg.data.train_batch_size, group_size=algo.group_size, minibatches=algo.num_minibatches,
         iterations=cfg.total_iterations, lr=algo.lr,
