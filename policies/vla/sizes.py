@@ -19,8 +19,9 @@ Llama sizes                 ``embed_tokens`` (V, H), ``layers.<i>.``, ``gate_pro
 ==========================  =================================================================
 
 Head counts are in no shape. Towers: heads of width 64, as in every timm DINOv2 / SigLIP ViT
-except SigLIP so400m (width 1152, 16 heads of 72). Llama: heads of width 128 (Llama-2). A config
-value always wins over these rules (``embodied_vision_towers`` entries may give only some fields,
+except SigLIP so400m (width 1152, 16 heads of 72). Llama: heads of width 128 (Llama-2). A width
+that is no multiple of these is a UserError asking for the count. A config value always wins over
+these rules (``embodied_vision_towers`` entries may give only some fields,
 ``text_config`` any of its keys).
 
 :func:`check_sizes` compares what config.json asks for (the released sizes of a known backbone id,
@@ -116,13 +117,22 @@ def measured_llm(shapes: Shapes) -> dict[str, int] | None:
     }
 
 
-def _tower_heads(hidden_size: int) -> int:
+def _tower_heads(hidden_size: int, given: Mapping[str, Any], part: str) -> int:
+    if "num_heads" in given:
+        return int(given["num_heads"])
     if hidden_size in TOWER_HEADS_BY_WIDTH:
         return TOWER_HEADS_BY_WIDTH[hidden_size]
-    return max(1, hidden_size // TOWER_HEAD_WIDTH) if hidden_size % TOWER_HEAD_WIDTH == 0 else 1
+    if hidden_size % TOWER_HEAD_WIDTH:
+        raise UserError(
+            f"the checkpoint's {part} has width {hidden_size}, no multiple of timm's head width {TOWER_HEAD_WIDTH}, and "
+            f'no tensor holds its head count: give it in config.json, e.g. "{TOWERS_KEY}": [{{"num_heads": N}}, ...].'
+        )
+    return hidden_size // TOWER_HEAD_WIDTH
 
 
-def tower_from_shapes(measured: Mapping[str, Any], given: Mapping[str, Any], image_size: int | None) -> dict[str, Any]:
+def tower_from_shapes(
+    measured: Mapping[str, Any], given: Mapping[str, Any], image_size: int | None, part: str = "vision tower"
+) -> dict[str, Any]:
     """``VisionTowerConfig`` fields: ``given`` (config.json's) over the measured sizes and the rules."""
     grid = math.isqrt(measured["num_patches"])
     patch = measured["patch_size"]
@@ -131,7 +141,7 @@ def tower_from_shapes(measured: Mapping[str, Any], given: Mapping[str, Any], ima
         "family": family,
         "hidden_size": measured["hidden_size"],
         "num_layers": measured["num_layers"],
-        "num_heads": _tower_heads(measured["hidden_size"]),
+        "num_heads": _tower_heads(measured["hidden_size"], given, part),
         "mlp_size": measured["mlp_size"] or 4 * measured["hidden_size"],
         "image_size": image_size if image_size and image_size // patch == grid else grid * patch,
         "patch_size": patch,
@@ -158,7 +168,8 @@ def with_checkpoint_sizes(raw: dict[str, Any], shapes: Shapes) -> dict[str, Any]
     if given is not None and measured and all(isinstance(g, dict) for g in given) and len(given) == len(measured):
         sizes = list(raw.get("image_sizes") or [])
         out[TOWERS_KEY] = [
-            tower_from_shapes(m, g, int(sizes[i]) if i < len(sizes) else None) for i, (m, g) in enumerate(zip(measured, given))
+            tower_from_shapes(m, g, int(sizes[i]) if i < len(sizes) else None, f"{FAMILY_NAMES[m['family']]} tower ({p}*)")
+            for i, (m, g, p) in enumerate(zip(measured, given, TOWER_PREFIXES))
         ]
     text = raw.get("text_config")
     llm = measured_llm(shapes)
@@ -167,7 +178,12 @@ def with_checkpoint_sizes(raw: dict[str, Any], shapes: Shapes) -> dict[str, Any]
         for key in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size"):
             if llm[key] is not None:
                 text.setdefault(key, llm[key])
-        if "num_attention_heads" not in text and text["hidden_size"] % LLM_HEAD_WIDTH == 0:
+        if "num_attention_heads" not in text:
+            if text["hidden_size"] % LLM_HEAD_WIDTH:
+                raise UserError(
+                    f"text_config gives no num_attention_heads, and the checkpoint's Llama has hidden size "
+                    f"{text['hidden_size']}, no multiple of Llama-2's head width {LLM_HEAD_WIDTH}: give it in text_config."
+                )
             text["num_attention_heads"] = text["hidden_size"] // LLM_HEAD_WIDTH
         heads = int(text.get("num_attention_heads", LlamaConfig().num_attention_heads))
         head_width = int(text.get("head_dim") or text["hidden_size"] // heads)

@@ -413,3 +413,11 @@ def test_a_head_count_the_tensors_cannot_hold_comes_from_a_partial_towers_entry(
     file.write_text(json.dumps(config))
     loaded = load_openvla(path)
     assert [(t.hidden_size, t.num_heads, t.mlp_size) for t in loaded.config.towers] == [(64, 2, 256), (48, 2, 152)]
+
+
+def test_a_tower_width_no_head_rule_covers_asks_for_the_head_count(tmp_path: Path) -> None:
+    path = write_tiny_checkpoint(tmp_path, num_shards=1)  # SigLIP width 48: no multiple of 64
+    _official_config(path, "dinosiglip-vit-tiny")
+    with pytest.raises(UserError, match=r"^the checkpoint's SigLIP tower \(vision_backbone\.fused_featurizer\.\*\) has "
+                       r"width 48, no multiple of timm's head width 64, and no tensor holds its head count"):
+        load_openvla(path)
