@@ -73,6 +73,7 @@ def test_reach_contract_state(tmp_path):
         env.close()
 
 
+@pytest.mark.slow
 def test_reach_contract_rgb():
     env = make("metaworld/reach-v3", num_envs=1, obs_mode="state+rgb", image_size=32, max_episode_steps=HORIZON)
     try:
@@ -106,18 +107,34 @@ def test_unknown_kwargs_and_camera_are_user_errors():
         make("metaworld/reach-v3", max_episode_steps=600)
 
 
-@pytest.mark.parametrize("task", ["reach-v3", "drawer-close-v3", "button-press-topdown-v3"])
-def test_scripted_expert_succeeds_through_the_adapter(task):
+def expert_episode(task: str, seed: int = 0):
+    """One episode of Meta-World's scripted expert through the adapter: the last StepResult and its length."""
     env = make(f"metaworld/{task}")
     policy = mw.expert(task)
     try:
-        obs = env.reset(seed=0)
+        obs = env.reset(seed=seed)
         for step in range(mw.MAX_EPISODE_STEPS):
             res = env.step(policy.get_action(obs["state"][0].astype(np.float64))[None].astype(np.float32))
             obs = res.obs
             if res.terminated[0] or res.truncated[0]:
-                break
-        assert res.terminated[0] and not res.truncated[0], f"{task}: no success in {step + 1} steps"
-        assert res.info["success"][0] and res.episodes.finished()[0]["success"] == 1.0
+                return res, step + 1
     finally:
         env.close()
+    raise AssertionError(f"{task}: the episode did not end within {mw.MAX_EPISODE_STEPS} steps")
+
+
+@pytest.mark.parametrize("task", ["reach-v3", "drawer-close-v3", "button-press-topdown-v3"])
+def test_scripted_expert_succeeds_through_the_adapter(task):
+    res, steps = expert_episode(task)
+    assert res.terminated[0] and not res.truncated[0], f"{task}: no success in {steps} steps"
+    assert res.info["success"][0] and res.episodes.finished()[0]["success"] == 1.0
+
+
+@pytest.mark.exhaustive
+def test_every_mt50_task_builds_and_its_expert_succeeds_from_layout_0():
+    failed = {}
+    for task in mw.MT50:
+        res, steps = expert_episode(task)
+        if not res.terminated[0]:
+            failed[task] = steps
+    assert not failed, f"the scripted expert did not succeed on {failed}"
