@@ -29,6 +29,7 @@ step), as Meta-World's ``AutoTerminateOnSuccessWrapper`` and MT evaluation count
 Instructions (``VecEnv.instructions``): one English sentence per task (:data:`INSTRUCTIONS`).
 The scripted expert of a task is :func:`expert` (Meta-World's ``policies``), on the ``state``.
 
+``env.kwargs.render=true`` keeps a renderer for ``render()`` / videos with ``obs_mode=state``.
 Every other key of ``env.kwargs`` goes to the Meta-World env class (``reward_function_version``).
 """
 
@@ -56,7 +57,7 @@ NUM_VARIANTS = 50
 MAX_EPISODE_STEPS = 500
 CAMERAS = ("corner", "corner2", "corner3", "topview", "behindGripper", "gripperPOV")
 #: Our keys of ``env.kwargs``; the rest go to the Meta-World env class.
-OWN_KWARGS = ("camera", "layout_seed", "task_every")
+OWN_KWARGS = ("camera", "layout_seed", "render", "task_every")
 #: MT10, in Meta-World's order (``metaworld.env_dict.MT10_V3``).
 MT10 = (
     "reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3", "drawer-close-v3",

@@ -105,6 +105,8 @@ def test_unknown_kwargs_and_camera_are_user_errors():
         make("metaworld/reach-v3", kwargs={"camera": "corner9"})
     with pytest.raises(UserError, match="at most 500"):
         make("metaworld/reach-v3", max_episode_steps=600)
+    with pytest.raises(UserError, match="Did you mean 'reward_function_version'"):
+        make("metaworld/reach-v3", kwargs={"reward_function_verison": "v2"})
 
 
 def expert_episode(task: str, seed: int = 0):
