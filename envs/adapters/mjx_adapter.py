@@ -14,7 +14,8 @@ gymnasium-v5 options (``ctrl_cost_weight``, ...), and ``device`` (``auto``: JAX'
 device, a GPU with ``jax[cuda12]`` installed; ``cpu``; ``cuda`` / ``cuda:K``),
 ``solver_iterations`` / ``ls_iterations`` (the constraint solver's, default the model's).
 
-Compiling a task's step takes XLA tens of seconds on a CPU; compiled programs are kept in JAX's
+The env compiles its step when it is built: XLA takes tens of seconds for a task on a CPU, and a
+worker's constructor has a longer timeout than a step. Compiled programs are kept in JAX's
 persistent cache under ``$EMBODIED_CACHE/jax`` (default ``~/.cache/embodied/jax``), so a
 second process with the same task, batch size and device loads them instead. MJX does not
 render batched: state observations only.
@@ -22,8 +23,10 @@ render batched: state observations only.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
+import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -64,6 +67,13 @@ def _import_jax() -> Any:
         jax.config.update("jax_compilation_cache_dir", str(cache))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
     return jax
+
+
+def _import_mjx() -> Any:
+    """``mujoco.mjx``, without the lines it prints when NVIDIA Warp (its other backend) is absent."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        from mujoco import mjx
+    return mjx
 
 
 def jax_device(name: str) -> Any:
@@ -109,7 +119,7 @@ class MjxEnv:
                  ignore_terminations: bool = False, device: str = "auto", solver_iterations: int | None = None,
                  ls_iterations: int | None = None, **task_kwargs: float) -> None:
         jax = _import_jax()
-        from mujoco import mjx
+        mjx = _import_mjx()
 
         from envs.mjx_tasks import TASKS
 
@@ -134,9 +144,13 @@ class MjxEnv:
         self._data0 = mjx.make_data(self._model)
         self._keys = self._seed_keys(env_seeds(seed, self.num_envs))  # (N, 2) until the first reset
         self._state: tuple[Any, Any, Any] | None = None  # (data, steps (N,), keys (N, 2)) of the batch
+        # Compiled here, not at the first step: a worker's constructor has cluster.start_timeout_s,
+        # a step only cluster.timeout_s, and XLA takes tens of seconds for a task on a CPU
         donate = () if self.jax_device.platform == "cpu" else (0,)  # XLA's CPU backend cannot reuse buffers
-        self._step_fn = jax.jit(self._batched_step, donate_argnums=donate)
-        self._reset_fn = jax.jit(self._batched_reset)
+        self._reset_fn = jax.jit(self._batched_reset).lower(self._keys).compile()
+        state, _ = self._reset_fn(self._keys)
+        actions = jax.device_put(np.zeros((self.num_envs, len(low)), np.float32), self.jax_device)
+        self._step_fn = jax.jit(self._batched_step, donate_argnums=donate).lower(state, actions).compile()
 
     # --- one env (pure JAX; vmapped below) -----------------------------------------------------
     def _reset_one(self, key: Any) -> tuple[Any, Any]:

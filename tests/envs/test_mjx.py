@@ -9,6 +9,12 @@ each task is built once per module, with a few envs.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -21,6 +27,9 @@ from embodied.errors import UserError  # noqa: E402
 from envs.adapters.batched_adapter import BatchedVecEnv  # noqa: E402
 from envs.config import EnvConfig  # noqa: E402
 from envs.registry import make_vec_env, resolve_adapter  # noqa: E402
+from tests.fresh_cache import fresh_cache  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
 
 N = 4
 #: a short time limit, so that truncation and auto-reset come within a few steps
@@ -187,3 +196,27 @@ def test_hopper_terminates_when_it_falls_and_matches_gymnasium(hopper):
     assert ended.all(), "random actions topple every hopper within 100 steps"
     assert not result.truncated.any()
     reference.close()
+
+
+#: Reacher-v5's return over 100 episodes of gymnasium's env: zero actions (the arm stays where it
+#: starts) -12.0, uniform random actions -42.6. A policy above this threshold moves the fingertip
+#: towards the target.
+REACHED_RETURN = -8.0
+
+
+@pytest.mark.learning
+def test_ppo_learns_to_reach_on_the_cpu_simulator(tmp_path):
+    """The mjx_reacher_ppo recipe through the CLI (64 MJX envs on JAX's CPU backend, the local
+    backend, unplanned) for 120k of its 200k steps: the evaluation return of the mean action
+    passes REACHED_RETURN (the whole recipe: train -5.8, eval -4.6, seed 1)."""
+    run = tmp_path / "reacher"
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT), "EMBODIED_CACHE": fresh_cache()}
+    env.pop("RAY_AUTH_MODE", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "train", "mjx_reacher_ppo", f"run.dir={run}", "seed=1", "algo.total_env_steps=120000", "plan.profile=false",
+         "cluster.backend=local", "logging.wandb=false"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["eval/episode_return"] > REACHED_RETURN, summary
+    assert "Failed to import" not in result.stdout + result.stderr  # MJX's notices about NVIDIA Warp
