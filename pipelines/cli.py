@@ -6,6 +6,8 @@
     embodied plan RECIPE [key=value ...] [--profile]   show the M2Flow planner's choice
     embodied config RECIPE [KEY] [key=value ...]        every config key: value, type, default, doc
     embodied plot RUN_DIR [--out FILE] [--metric KEY ...]   a run's learning curve (default RUN_DIR/learning_curve.png)
+    embodied demos ENV_ID [episodes=N] [out=PATH] [obs_mode=rgb|state]   a scripted expert's demonstrations (ManiSkill .h5 + .json)
+    embodied sft RECIPE|POLICY demos=PATH[,PATH] [out=DIR] [key=value ...]   behaviour-clone a policy on demonstrations
 
 User errors (bad keys, unknown recipes or envs, missing checkpoints) print one paragraph and exit
 with code 2; nothing is written to an existing run.
@@ -110,8 +112,6 @@ def _train(args: list[str]) -> int:
     start_watchdog()
     workflow = WORKFLOWS.get(cfg.workflow).build(cfg)
     continues = cfg.resume is not None and has_checkpoint(cfg.resume)  # else a new run, or one started again
-    if continues and finished(cfg, workflow):
-        return 0
     spaces = workflow.preflight()  # env id, policy vs action space, files: fail before a run dir is touched
     # behaviour cloning first (cached), when the recipe asks for it; a resumed run has its weights
     cfg, warm = warm_start(cfg) if not continues else (cfg, None)
@@ -119,6 +119,8 @@ def _train(args: list[str]) -> int:
         workflow = WORKFLOWS.get(cfg.workflow).build(cfg)
     if continues:  # the new config must build the model the checkpoint holds
         workflow.check_checkpoint(find_checkpoint(cfg.resume, fallback=cfg.resume_fallback), *spaces)
+        if finished(cfg, workflow):
+            return 0
     with RunDir.create(cfg, resume=cfg.resume is not None) as run, open_run_log(run.path):
         LOG.info(f"[embodied] recipe {cfg.recipe} -> {run.path} (logs in {run.path / 'logs'})")
         if warm is not None:
@@ -141,8 +143,10 @@ def finished(cfg, workflow) -> bool:
     train longer, and nothing is written (its summary.json stays as it is)."""
     from embodied.checkpoint import find_checkpoint
     from embodied.errors import resume_command
+    from pipelines.rundir import RunDirLock
 
     run_dir = Path(cfg.resume)
+    RunDirLock.ensure_free(run_dir)  # still training, or still closing after its summary: "in use"
     try:
         state = json.loads((find_checkpoint(run_dir, fallback=cfg.resume_fallback) / "state.json").read_text())
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -313,6 +317,8 @@ def register_command(name: str, fn, help_text: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     import pipelines.plan_cli  # noqa: F401  (registers `embodied plan`)
     import pipelines.plot_cli  # noqa: F401  (registers `embodied plot`)
+    import pipelines.demos_cli  # noqa: F401  (registers `embodied demos`)
+    import pipelines.sft_cli  # noqa: F401  (registers `embodied sft`)
 
     console_logging()
     parser = argparse.ArgumentParser(

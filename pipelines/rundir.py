@@ -62,6 +62,25 @@ class RunDirLock:
             raise storage_error("Writing the run dir's lock file", path, err) from err
         return cls(run_dir, fd)
 
+    @classmethod
+    def ensure_free(cls, run_dir: str | Path) -> None:
+        """Raise the UserError of :meth:`acquire` when another process holds ``run_dir``'s lock;
+        writes nothing (for a check that does not take the lock)."""
+        run_dir = Path(run_dir)
+        try:
+            fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY)
+        except OSError:
+            return  # no lock file: no holder
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError as err:
+            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise UserError(f"Run dir {str(run_dir)!r} is in use by {_describe(cls.holder(run_dir))}. Wait for that "
+                                "run to finish (or stop it), or choose another run.dir.") from None
+        finally:
+            os.close(fd)
+
     @staticmethod
     def holder(run_dir: str | Path) -> dict[str, Any] | None:
         """What the lock file says about its holder (pid, host, started), or None if unreadable.

@@ -311,3 +311,19 @@ def test_the_raylets_worker_died_message_goes_to_driver_log_not_the_terminal(tmp
     assert result.stdout == "done\n" and "raylet" not in result.stderr, (result.stdout, result.stderr)
     log = (run_dir / "logs" / "driver.log").read_text()
     assert "ray.raylet: (raylet) A worker died or was killed" in log and "\x1b[" not in log
+
+
+def test_checking_a_run_dirs_lock_names_its_holder_and_writes_nothing(tmp_path):
+    """What `resume=` of a finished run checks first: a run still closing after its summary holds
+    the lock, and is "in use", not "finished"."""
+    from embodied.errors import UserError
+    from pipelines.rundir import LOCK_FILE, RunDirLock
+
+    RunDirLock.ensure_free(tmp_path)  # no lock file: free
+    lock = RunDirLock.acquire(tmp_path)
+    before = (tmp_path / LOCK_FILE).read_bytes()
+    with pytest.raises(UserError, match=f"is in use by pid {os.getpid()}"):
+        RunDirLock.ensure_free(tmp_path)
+    assert (tmp_path / LOCK_FILE).read_bytes() == before
+    lock.release()
+    RunDirLock.ensure_free(tmp_path)
