@@ -92,16 +92,19 @@ def _fds_proc(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def _shm_files(pid: int) -> set[str]:
-    """The ``/dev/shm`` files process ``pid`` maps."""
-    files = set()
+def _shm_files(pid: int) -> dict[str, int]:
+    """The ``/dev/shm`` files process ``pid`` maps (also those already unlinked, which stay while
+    mapped), each with the bytes of its largest mapping."""
+    files: dict[str, int] = {}
     try:
         with open(f"/proc/{pid}/maps") as f:
             for line in f:
                 parts = line.split(None, 5)
                 if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
-                    files.add(parts[5].strip())
-    except OSError:
+                    start, end = (int(x, 16) for x in parts[0].split("-"))
+                    path = parts[5].strip()
+                    files[path] = max(files.get(path, 0), end - start)
+    except (OSError, ValueError):
         pass
     return files
 
@@ -139,23 +142,19 @@ def _process_numbers(pid: int) -> tuple[str, int, int]:
 
 def sample(pid: int) -> dict[str, Any]:
     """One sample of the process tree of ``pid``: per process its RSS and open fds, and the job's
-    shared memory (bytes of the distinct ``/dev/shm`` files its processes map) and ``/dev/shm``'s
-    used bytes (all users of this machine)."""
+    shared memory (the mapped bytes of the distinct ``/dev/shm`` files its processes map) and
+    ``/dev/shm``'s used bytes (all users of this machine)."""
     procs: dict[str, dict[str, Any]] = {}
-    shm: set[str] = set()
+    shm: dict[str, int] = {}
     for p in process_tree(pid):
         try:
             name, rss, fds = _process_numbers(p)
         except OSError:  # it ended meanwhile (or is not ours)
             continue
         procs[str(p)] = {"name": name, "rss_mib": rss / MIB, "open_fds": fds}
-        shm |= _shm_files(p)
-    shm_bytes = 0
-    for path in shm:
-        try:
-            shm_bytes += os.stat(path.replace(" (deleted)", "")).st_size
-        except OSError:
-            continue
+        for path, size in _shm_files(p).items():
+            shm[path] = max(shm.get(path, 0), size)
+    shm_bytes = sum(shm.values())
     try:
         st = os.statvfs("/dev/shm")
         dev_shm_used = (st.f_blocks - st.f_bfree) * st.f_frsize / MIB

@@ -38,10 +38,14 @@ def test_a_flat_job_passes_and_a_growing_one_fails():
     assert driver["rss_mib"]["growth_pct"] == pytest.approx(60.67, abs=0.01)  # 153.45 -> 246.55 (samples 1 and 28)
 
 
-#: A job of two processes: the parent allocates memory and opens files as it runs; its child sleeps.
+#: A job of two processes: the parent maps 3 MiB of shared memory, then allocates memory and opens
+#: files as it runs; its child sleeps.
 LEAKY_JOB = """
 import os, subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+from multiprocessing import shared_memory
+shm = shared_memory.SharedMemory(create=True, size=3 * 1024 * 1024)
+shm.unlink()  # unlinked, still mapped: still counted
 time.sleep(0.5)
 open(sys.argv[1], "w").close()  # ready: the warm-up counts from here
 kept, files = [], []
@@ -58,8 +62,9 @@ def test_soak_samples_a_real_process_tree_and_sees_its_growth(tmp_path):
                   ready=ready.exists)
     assert result["samples"] >= 15 and result["ended_before_the_end"] is False
     assert result["ready_after_s"] >= 0.4 and result["samples_after_warmup"] < result["samples"]
-    assert result["job"]["processes"]["end"] == 2  # the parent and its child
+    assert result["job"]["processes"]["end"] == 3  # the parent, its child and multiprocessing's resource tracker
     assert result["job"]["rss_mib"]["growth_pct"] > 20 and result["job"]["open_fds"]["growth_pct"] > 20
+    assert result["job"]["shm_mib"]["end"] == 3.0 and result["job"]["shm_mib"]["growth_pct"] == 0.0
     assert result["ok"] is False
     assert result["exit_code"] != 0  # stopped by its Ctrl-C
     assert len(result["series"]) == result["samples"] and result["series"][0]["t_s"] == 0.0
