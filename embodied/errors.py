@@ -15,7 +15,10 @@ code  class               meaning
 4     :class:`StorageError`   the disk is full or unwritable, or a checkpoint is corrupt.
 5     :class:`RunTimeout`     a worker, channel or env process did not answer within its timeout
                           (the message names the seconds and the config key).
+129   :class:`Terminated` stopped by SIGHUP (the terminal closed); 128 + the signal number.
 130   (KeyboardInterrupt) interrupted with Ctrl-C (SIGINT).
+141   (BrokenPipeError)   stdout's reader went away (``embodied config RECIPE | head``): quietly,
+                          as a program the shell's SIGPIPE ended.
 143   :class:`Terminated` stopped by SIGTERM (e.g. a scheduler's kill); 128 + the signal number.
 ====  ==================  ==========================================================================
 
@@ -50,7 +53,9 @@ class ExitCode(IntEnum):
     WORKER = 3
     STORAGE = 4
     TIMEOUT = 5
+    SIGHUP = 129
     SIGINT = 130
+    BROKEN_PIPE = 141
     SIGTERM = 143
 
 

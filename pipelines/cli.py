@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from embodied.config import apply_overrides, load_yaml, parse_override
-from embodied.errors import FailureContext, Terminated, UserError, exit_code_of, exit_on_signals, fill_paragraph
+from embodied.errors import ExitCode, FailureContext, Terminated, UserError, exit_code_of, exit_on_signals, fill_paragraph
 from embodied.logs import console_logging, debug_enabled, report_failure, write_traceback_file
 from embodied.runtime.cluster import apply_torch_process_env
 from embodied.runtime.watchdog import start_watchdog
@@ -369,7 +369,7 @@ def report(exc: BaseException, context: FailureContext) -> int:
 
 #: The exit code when the reader of stdout went away (`embodied config RECIPE | head`): 128 + SIGPIPE,
 #: what a program that the shell's SIGPIPE ended returns (`set -o pipefail` sees the same as for `cat`).
-EXIT_BROKEN_PIPE = 141
+EXIT_BROKEN_PIPE = ExitCode.BROKEN_PIPE
 
 
 def _stdout_gone() -> bool:
@@ -395,7 +395,7 @@ def _quiet_broken_pipe() -> int:
         os.close(devnull)
     except (OSError, ValueError, AttributeError):
         pass
-    return EXIT_BROKEN_PIPE
+    return int(EXIT_BROKEN_PIPE)
 
 
 if __name__ == "__main__":
