@@ -1,0 +1,38 @@
+"""``embodied demos ENV_ID [episodes=N] [out=PATH] [obs_mode=rgb|state|state+rgb] [image_size=PX] [seed=S] ...``:
+a scripted expert's successful episodes of a ManiSkill task, in ManiSkill's trajectory format.
+
+The expert (:mod:`envs.experts.maniskill`: PushCube-v1, PickCube-v1, StackCube-v1) acts on the
+simulator's privileged state through the ``pd_ee_delta_pos`` controller; only episodes the env's
+own ``success`` calls successful are written (:mod:`pipelines.demos`). A progress line follows
+every episode; the last line is a JSON summary (file, kept, attempted, success rate, seeds).
+
+    embodied demos PickCube-v1 episodes=100 image_size=32           # rgb frames for a tiny VLA
+    embodied demos StackCube-v1 episodes=500 out=demos/stack.h5     # 128 px (ManiSkill's camera size)
+    embodied demos PushCube-v1 episodes=20 obs_mode=state
+
+Keys: episodes (100), out (demos/<ENV_ID>/scripted/trajectory.<obs_mode>.pd_ee_delta_pos.physx_cpu.h5),
+obs_mode (rgb), image_size (128), seed (0: attempt i resets with seed+i), max_episode_steps (100),
+max_attempts (2 * episodes + 10), overwrite (false).
+"""
+
+from __future__ import annotations
+
+from embodied.errors import UserError
+from pipelines.cli import register_command
+
+
+def cmd_demos(args: list[str]) -> int:
+    from pipelines.demos import parse_demo_args, record_demos, summary_json
+
+    if not args or "=" in args[0] or args[0] in ("-h", "--help"):
+        if args[:1] in (["-h"], ["--help"]):
+            print(__doc__)
+            return 0
+        raise UserError("embodied demos needs a task: embodied demos ENV_ID [episodes=N] [out=PATH] [obs_mode=rgb|state] "
+                        "[image_size=PX] (tasks with a scripted expert: PushCube-v1, PickCube-v1, StackCube-v1).")
+    summary = record_demos(parse_demo_args(args[0], args[1:]))
+    print(summary_json(summary))
+    return 0
+
+
+register_command("demos", cmd_demos, "record a scripted expert's demonstrations: embodied demos ENV_ID [episodes=N] [out=PATH]")
