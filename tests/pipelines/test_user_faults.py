@@ -37,7 +37,7 @@ def start(tmp_path):
     runs: list[Run] = []
 
     def _start(run_dir: Path, *args: str) -> Run:
-        runs.append(Run(run_dir, *args))
+        runs.append(Run(run_dir, *args, tmp=tmp_path))
         return runs[-1]
 
     yield _start
