@@ -29,7 +29,7 @@ recipe's 500 held-out problems (greedy, and 4 samples at temperature 1).
 Target: Embodied at least 1.5x TRL's throughput at equal or better held-out accuracy.
 
     pip install -e ".[reasoning,compare]"          # trl, an optional peer
-    python -m benchmarks.reasoning_vs_trl [--iterations 60] [--rounds 3] [--trl-threads 1]
+    python -m benchmarks.reasoning_vs_trl [--iterations 60] [--rounds 5] [--trl-threads 1] [--trl-whole-groups]
 
 Writes ``benchmarks/results/reasoning_vs_trl.json``.
 """
@@ -37,6 +37,7 @@ Writes ``benchmarks/results/reasoning_vs_trl.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -149,9 +150,15 @@ def embodied_overrides(run_dir: Path, seed: int, iterations: int) -> list[str]:
 # -- the two sides -------------------------------------------------------------------------------------------
 
 
-def run_trl(s: Settings, cfg: Any, seed: int, work: Path, threads: int = 0) -> dict[str, Any]:
+def run_trl(s: Settings, cfg: Any, seed: int, work: Path, threads: int = 0, whole_groups: bool = False) -> dict[str, Any]:
     """TRL's GRPOTrainer on the warm-start model and the recipe's prompts (``threads`` torch
-    threads; 0: torch's default); per-iteration timings and the final model's directory."""
+    threads; 0: torch's default); per-iteration timings and the final model's directory.
+
+    TRL shuffles an iteration's responses before cutting them into its optimizer steps, so each
+    step sees part of every group; ``whole_groups`` turns that shuffle off, and each step trains on
+    whole groups, as Embodied's streamed minibatches do."""
+    from unittest import mock
+
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -212,8 +219,10 @@ def run_trl(s: Settings, cfg: Any, seed: int, work: Path, threads: int = 0) -> d
         model=model, reward_funcs=verifier, args=GRPOConfig(**trl_arguments(s, str(work / "trl"), seed)),
         train_dataset=Dataset.from_list(rows), processing_class=tokenizer, callbacks=[StepClock()],
     )
+    keep_order = mock.patch("trl.trainer.grpo_trainer.shuffle_sequence_dict", lambda batch: batch)
     t0 = time.perf_counter()
-    trainer.train()
+    with keep_order if whole_groups else contextlib.nullcontext():
+        trainer.train()
     train_wall_s = time.perf_counter() - t0
     final = work / "trl_final"
     trainer.save_model(str(final))
@@ -354,9 +363,11 @@ def table(summary: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=60, help="GRPO iterations per round (both sides)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per side, alternating TRL, Embodied, ...")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per side, alternating TRL, Embodied, ...")
     parser.add_argument("--sides", default="trl,embodied", help="which sides to run (comma-separated)")
     parser.add_argument("--trl-threads", type=int, default=1, help="torch threads of the TRL side (0: torch's default)")
+    parser.add_argument("--trl-whole-groups", action="store_true",
+                        help="TRL's optimizer steps on whole groups (its shuffle off), as Embodied's minibatches")
     add_output_args(parser, "reasoning_vs_trl")
     args = parser.parse_args(argv)
     sides = [side for side in args.sides.split(",") if side]
@@ -376,7 +387,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             with tempfile.TemporaryDirectory(prefix=f"vs_trl_{side}_") as tmp:
                 work = Path(tmp)
                 if side == "trl":
-                    result = run_trl(s, cfg, seed=r, work=work, threads=args.trl_threads)
+                    result = run_trl(s, cfg, seed=r, work=work, threads=args.trl_threads,
+                                     whole_groups=args.trl_whole_groups)
                     accuracy = held_out(cfg, model_dir=result["model_dir"])
                 else:
                     result = run_embodied(args.iterations, seed=r, work=work)
@@ -392,7 +404,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "target_met" in summary:
         print(f"target ({TARGET_SPEEDUP}x at equal or better greedy accuracy): "
               f"{'met' if summary['target_met'] else 'NOT met'}")
-    out = {"settings": asdict(s), "trl_threads": args.trl_threads, "trl_arguments": trl_arguments(s, "<tmp>", 0),
+    out = {"settings": asdict(s), "trl_threads": args.trl_threads, "trl_whole_groups": args.trl_whole_groups,
+           "trl_arguments": trl_arguments(s, "<tmp>", 0),
            "embodied_overrides": embodied_overrides(Path("<tmp>"), 0, args.iterations), "summary": summary,
            "table": table(summary), "rounds": rounds, "wall_s": time.perf_counter() - t_start,
            "conditions": {"load_avg_1_5_15_before": load_before, "load_avg_1_5_15_after": os.getloadavg(),
