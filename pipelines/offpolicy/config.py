@@ -104,12 +104,16 @@ class DemosConfig:
     """Demonstrations for RLPD (``demos.*``): an expert's episodes recorded as transitions at the
     start of the run and mixed into every batch at ``algo.demo_ratio``."""
 
+    path: list[str] | None = None
+    """Demonstration files in ManiSkill's trajectory format (``.h5`` with its ``.json``), e.g. the
+    scripted expert's of ``embodied demos PickCube-v1 obs_mode=state``, recorded on this env's task,
+    controller and ``state`` observation; read as transitions with their recorded rewards."""
     expert: str | None = None
-    """Who demonstrates: ``package.module:function`` (a scripted expert: observations -> env actions)
-    or the run dir of a trained policy on this env's ``state`` (e.g. a ``maniskill_pickcube_ppo``
-    run). None: no demonstrations (``algo.name=rlpd`` needs them)."""
+    """Or who demonstrates when the run starts: ``package.module:function`` (a scripted expert:
+    observations -> env actions) or the run dir of a trained policy on this env's ``state`` (e.g. a
+    ``maniskill_pickcube_ppo`` run). Neither: no demonstrations (``algo.name=rlpd`` needs them)."""
     episodes: int = 50
-    """Episodes kept."""
+    """Episodes kept (of an expert; of the files: at most this many)."""
     num_envs: int = 8
     """Envs that record in parallel."""
     successful_only: bool = True
@@ -120,6 +124,13 @@ class DemosConfig:
     def __post_init__(self) -> None:
         if self.episodes < 1 or self.num_envs < 1 or self.max_attempts < 0:
             raise ValueError("demos.episodes and demos.num_envs must be >= 1, demos.max_attempts >= 0")
+        if self.path is not None and self.expert is not None:
+            raise ValueError("demos.path and demos.expert are two sources of demonstrations: set one of them")
+
+    @property
+    def given(self) -> bool:
+        """Whether the run has demonstrations (files or an expert)."""
+        return bool(self.path) or self.expert is not None
 
 
 @dataclass
@@ -141,8 +152,9 @@ class OffPolicyConfig(RunConfig):
         problems = []
         if self.plan.chunks is not None and not 1 <= self.plan.chunks <= self.env.num_envs:
             problems.append(f"plan.chunks must be between 1 and env.num_envs={self.env.num_envs} (got {self.plan.chunks})")
-        if self.algo.name == "rlpd" and self.demos.expert is None:
-            problems.append("algo.name=rlpd mixes demonstrations into every batch: set demos.expert (a run dir of a "
+        if self.algo.name == "rlpd" and not self.demos.given:
+            problems.append("algo.name=rlpd mixes demonstrations into every batch: set demos.path (ManiSkill trajectory "
+                            "files, e.g. of `embodied demos ENV_ID obs_mode=state`) or demos.expert (a run dir of a "
                             "trained state policy, or package.module:function)")
         if self.algo.buffer_size < self.num_envs:
             problems.append(f"algo.buffer_size ({self.algo.buffer_size}) must hold one step of all {self.num_envs} envs")

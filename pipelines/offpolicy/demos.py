@@ -1,7 +1,8 @@
-"""Demonstrations as transitions for RLPD: an expert's episodes (``demos.expert``) stepped in the
-run's env and recorded as the replay buffer stores them, successful episodes only by default.
+"""Demonstrations as transitions for RLPD, as the replay buffer stores them: an expert's episodes
+(``demos.expert``) stepped in the run's env, successful ones only by default, or the episodes of
+ManiSkill trajectory files (``demos.path``, e.g. ``embodied demos PickCube-v1 obs_mode=state``).
 
-    demos = record_demonstrations(cfg)   # Transitions (N, 1, ...): kept episodes one after another
+    demos = demonstrations(cfg)          # Transitions (N, 1, ...): the episodes one after another
 
 The expert is a scripted function of a batch of observations or a trained policy's run dir
 (:func:`pipelines.demonstrations.load_expert`, the warm start's experts). The episodes start from
@@ -25,6 +26,41 @@ from pipelines.offpolicy.config import OffPolicyConfig
 
 LOG = logging.getLogger("embodied")
 DEMO_SEED_OFFSET = 20_000_000  # demonstration episodes start from seeds apart from training's and evaluation's
+
+
+def demonstrations(cfg: OffPolicyConfig, log: Callable[[str], None] = LOG.info) -> Transitions:
+    """The run's demonstrations: read from ``demos.path``, or recorded from ``demos.expert``."""
+    return read_demonstrations(cfg, log) if cfg.demos.path else record_demonstrations(cfg, log)
+
+
+def read_demonstrations(cfg: OffPolicyConfig, log: Callable[[str], None] = LOG.info) -> Transitions:
+    """At most ``demos.episodes`` episodes of each file of ``demos.path``: observation t, action t,
+    the recorded reward, termination and truncation of step t, and observation t + 1."""
+    import h5py
+    from mani_skill.trajectory.dataset import load_h5_data
+
+    from pipelines.demos import episode_observations, read_meta
+
+    control_mode = cfg.env.kwargs.get("control_mode")
+    steps: list[dict[str, Any]] = []
+    episodes = 0
+    for path in cfg.demos.path or []:
+        meta = read_meta(path)
+        if meta.env_id != cfg.env.id or meta.obs_mode != "state" or (control_mode and meta.control_mode != control_mode):
+            raise UserError(f"demos.path {path} holds {meta.env_id} with obs_mode={meta.obs_mode}, control_mode="
+                            f"{meta.control_mode}; this run trains {cfg.env.id} from state with control_mode={control_mode} "
+                            f"(record them with `embodied demos {cfg.env.id} obs_mode=state`)")
+        with h5py.File(meta.path, "r") as h5:
+            for entry in meta.episodes[:cfg.demos.episodes]:
+                traj = load_h5_data(h5[f"traj_{entry['episode_id']}"])
+                state = episode_observations(traj["obs"], "state")["state"]  # (T + 1, D)
+                for t in range(len(traj["actions"])):
+                    steps.append({"obs": {"state": state[t]}, "actions": np.asarray(traj["actions"][t], np.float32),
+                                  "rewards": np.float32(traj["rewards"][t]), "next_obs": {"state": state[t + 1]},
+                                  "terminated": bool(traj["terminated"][t]), "truncated": bool(traj["truncated"][t])})
+                episodes += 1
+    log(f"[offpolicy] demonstrations: {episodes} episodes, {len(steps)} transitions from {', '.join(cfg.demos.path or [])}")
+    return _as_transitions(steps, ["state"])
 
 
 def record_demonstrations(cfg: OffPolicyConfig, log: Callable[[str], None] = LOG.info) -> Transitions:
@@ -68,6 +104,11 @@ def record_demonstrations(cfg: OffPolicyConfig, log: Callable[[str], None] = LOG
     kept = kept[:d.episodes]
     steps = [s for episode in kept for s in episode]
     log(f"[offpolicy] demonstrations: {len(kept)} of {attempts} episodes kept, {len(steps)} transitions ({d.expert})")
+    return _as_transitions(steps, keys)
+
+
+def _as_transitions(steps: list[dict[str, Any]], keys: list[str]) -> Transitions:
+    """Steps one after another as Transitions of one env column, (N, 1, ...)."""
     column = lambda name: np.stack([s[name] for s in steps])[:, None]  # noqa: E731  (N,) -> (N, 1)
     return Transitions(obs={k: np.stack([s["obs"][k] for s in steps])[:, None] for k in keys}, actions=column("actions"),
                        rewards=column("rewards"), next_obs={k: np.stack([s["next_obs"][k] for s in steps])[:, None] for k in keys},

@@ -12,8 +12,8 @@ With ``algo.overlap`` the trainer takes the steps owed for the data it holds whi
 collect, and adds the new transitions after (the envs act with weights one iteration old);
 without it, it waits for the transitions and updates after (ManiSkill's order). Until the buffer
 holds ``algo.learning_starts`` transitions the envs act uniformly at random and nothing trains.
-RLPD records ``demos.episodes`` episodes of ``demos.expert`` when it builds and mixes them into
-every batch at ``algo.demo_ratio``.
+RLPD reads its demonstrations (``demos.path``) or records ``demos.episodes`` episodes of
+``demos.expert`` when it builds, and mixes them into every batch at ``algo.demo_ratio``.
 
 The Runner drives it as any workflow on the light contract (fixed layout, no cost model: the
 planner does not price a replay flow yet): progress, metrics, checkpoints (with the buffer when
@@ -43,7 +43,7 @@ from pipelines.collect import resolve_device
 from pipelines.evaluate import evaluate_policy
 from pipelines.offpolicy.actor import ActorPolicy
 from pipelines.offpolicy.config import OffPolicyConfig
-from pipelines.offpolicy.demos import record_demonstrations
+from pipelines.offpolicy.demos import demonstrations
 from pipelines.offpolicy.workers import DEMOS_PREFIX, REPLAY_PREFIX, ActorEnvWorker, ReplayTrainerWorker, build_actor, obs_dim_of
 from pipelines.onpolicy.workflow import EVAL_SEED_OFFSET, RETURN_WINDOW
 from pipelines.workflow import WORKFLOWS, Layout, Workflow, WorkflowSpec
@@ -78,6 +78,10 @@ class OffPolicyWorkflow(Workflow):
         if "state" not in obs_space.spaces or not hasattr(action_space, "low"):
             raise UserError(f"{self.cfg.env.id}: SAC acts on a 'state' observation with continuous, bounded actions "
                             f"(got observations {list(obs_space.spaces)}, actions {action_space})")
+        for path in self.cfg.demos.path or []:
+            if not Path(path).is_file() or not Path(path).with_suffix(".json").is_file():
+                raise UserError(f"demos.path: {path} is not a ManiSkill trajectory .h5 file with its .json beside it; the "
+                                f"scripted expert writes them: `embodied demos {self.cfg.env.id} obs_mode=state out={path}`")
         expert = self.cfg.demos.expert
         if expert is not None and ":" not in expert and not Path(expert).expanduser().exists():
             raise UserError(f"demos.expert={expert!r} is neither a run dir nor 'package.module:function'. A trained "
@@ -114,8 +118,8 @@ class OffPolicyWorkflow(Workflow):
         self.trainer = WorkerGroup(cluster, ReplayTrainerWorker, 1, cfg, *self.spaces, name="trainer",
                                    resources=RankResources(num_cpus=w.trainer_cpus, num_gpus=gpus))
         self.channel = Channel("transitions", self.trainer, phase=True, source="env")
-        if cfg.demos.expert is not None:
-            kept = self.trainer.remote.add_demos(record_demonstrations(cfg)).result()
+        if cfg.demos.given:
+            kept = self.trainer.remote.add_demos(demonstrations(cfg)).result()
             LOG.debug(f"[offpolicy] the trainer holds {kept} demonstration transitions")
 
     def iterate(self, iteration: int, lr: float, last: bool) -> dict[str, Any]:

@@ -92,7 +92,7 @@ def test_two_env_workers_of_two_chunks_fill_one_buffer_and_sync_every_k_updates(
 
 
 def test_rlpd_without_demonstrations_and_pixels_are_refused():
-    with pytest.raises(Exception, match="algo.name=rlpd mixes demonstrations into every batch: set demos.expert"):
+    with pytest.raises(Exception, match="algo.name=rlpd mixes demonstrations into every batch: set demos.path"):
         build_train_config(["maniskill_pickcube_sac", "algo.name=rlpd"])
     with pytest.raises(Exception, match="trains on state observations"):
         build_train_config(["maniskill_pushcube_sac", "env.obs_mode=rgb"])
