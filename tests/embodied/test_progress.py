@@ -29,3 +29,18 @@ def test_lines_name_the_workflows_unit_and_headline_metrics(caplog):
     [line] = [r.getMessage() for r in caplog.records if r.name == "embodied.progress"]
     assert line.startswith("[train] 32/64 prompts (50%)") and "prompts/s" in line
     assert "reward 0.406 | acc -" in line and "return" not in line
+
+
+def test_lines_never_pass_100_percent_and_show_the_mean_rate_summary_json_reports(caplog):
+    """The last iteration passes the budget (2,048 of 2,000): the line shows what the run did as
+    its total; the rate is the mean of the iterations' perf/env_steps_per_s, those before a
+    resume included (as summary.json's)."""
+    caplog.set_level(logging.INFO, logger="embodied.progress")
+    progress = Progress(2000, mode="lines", log_every_s=0.0, start_steps=512, rate_key="perf/env_steps_per_s",
+                        rates=[600.0])
+    progress.update(1024, {"perf/env_steps_per_s": 100.0})
+    progress.update(2048, {"perf/env_steps_per_s": 200.0})
+    progress.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "embodied.progress"]
+    assert lines[0].startswith("[train] 1,024/2,000 steps (51%) | 350 steps/s")
+    assert lines[1].startswith("[train] 2,048/2,048 steps (100%) | 300 steps/s"), lines[1]
