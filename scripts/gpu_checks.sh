@@ -9,7 +9,8 @@
 #      profiles the components on this machine's cores and GPU, calibration measures its best
 #      candidates over the first iterations, and the run settles on the fastest).
 #   4. MuJoCo MJX on the GPU: installs JAX's CUDA build and mujoco-mjx from PyPI (keeping the
-#      nvidia-* wheels torch came with), measures env steps/s of mjx/HalfCheetah at 1k, 4k and 16k
+#      nvidia-* wheels torch came with), runs tests/envs/test_mjx.py's gpu test, measures env steps/s of
+#      mjx/HalfCheetah at 1k, 4k and 16k
 #      envs with JAX's and torch's GPU memory (benchmarks.mjx_throughput), and trains PPO on it
 #      with the simulator, the rollout and the trainer sharing the GPU.
 #
@@ -62,13 +63,15 @@ if [[ $steps == *" mjx "* ]]; then
     step mjx_install "${MJX_INSTALL_LIMIT:-300}" "$out/mjx_install.log" python3 -m pip install -q --disable-pip-version-check \
         -c "$out/mjx_constraints.txt" "jax[cuda12]" "mujoco-mjx==3.8.1"
     python3 -c "import jax; print('jax', jax.__version__, jax.devices())" 2>&1 | tee -a "$out/mjx_install.log"
+    step mjx_gpu_tests "${MJX_TEST_LIMIT:-150}" "$out/mjx_pytest_gpu.log" python3 -m pytest -p no:cacheprovider -m gpu -rs -q \
+        tests/envs/test_mjx.py
     step mjx_throughput "${MJX_BENCH_LIMIT:-240}" "$out/mjx_throughput.log" env EMBODIED_CACHE="$smoke/cache" \
         python3 -m benchmarks.mjx_throughput --task HalfCheetah --num-envs 1024 4096 16384 --device cuda --rounds 2 \
         --out "$out/mjx_throughput.json"
     # the local backend: the env, rollout and trainer as threads of one process on the one GPU
     step mjx_ppo_on_cuda "${MJX_RUN_LIMIT:-200}" "$out/mjx_ppo.log" env EMBODIED_CACHE="$smoke/cache" python3 -m pipelines.cli train \
         mjx_halfcheetah_ppo env.num_envs=4096 env.kwargs.device=cuda workers.rollout_device=cuda workers.trainer_device=cuda \
-        algo.total_env_steps="${MJX_RUN_STEPS:-1048576}" plan.profile=false cluster.backend=local eval.episodes=64 \
+        algo.total_env_steps="${MJX_RUN_STEPS:-1048576}" plan.profile=false cluster.backend=local eval.episodes=64 eval.num_envs=64 \
         logging.wandb=false logging.progress=lines run.dir="$smoke/mjx_run"
     for f in summary.json metrics.jsonl; do
         [ -f "$smoke/mjx_run/$f" ] && cp "$smoke/mjx_run/$f" "$out/mjx_ppo_$f"

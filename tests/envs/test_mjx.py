@@ -221,3 +221,24 @@ def test_ppo_learns_to_reach_on_the_cpu_simulator(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["eval/episode_return"] > REACHED_RETURN, summary
     assert "Failed to import" not in result.stdout + result.stderr  # MJX's notices about NVIDIA Warp
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_simulator_and_its_tensors_stay_on_the_device():
+    """With JAX's CUDA build (scripts/gpu_checks.sh installs it): the batch is simulated on the GPU
+    and every tensor of the contract is a CUDA tensor; actions made on the GPU go in without a copy."""
+    import jax
+
+    try:
+        jax.devices("gpu")
+    except RuntimeError:
+        pytest.skip("JAX has no GPU backend here: pip install 'jax[cuda12]'")
+    env = make("mjx/Reacher", max_episode_steps=REACHER_LIMIT, kwargs={"device": "cuda"})
+    obs = env.reset(seed=0)
+    for _ in range(REACHER_LIMIT):
+        result = env.step(torch.zeros(N, 2, device="cuda"))
+    for x in (obs["state"], result.obs["state"], result.reward, result.terminated, result.truncated,
+              result.final_obs["state"], result.episodes.episode_return):
+        assert x.device.type == "cuda"
+    assert result.truncated.all() and result.episodes.length.tolist() == [REACHER_LIMIT] * N
+    env.close()
