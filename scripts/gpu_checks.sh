@@ -9,10 +9,10 @@
 #      profiles the components on this machine's cores and GPU, calibration measures its best
 #      candidates over the first iterations, and the run settles on the fastest).
 #   4. MuJoCo MJX on the GPU: installs JAX's CUDA build and mujoco-mjx from PyPI (keeping the
-#      nvidia-* wheels torch came with), runs tests/envs/test_mjx.py's gpu test, measures env steps/s of
-#      mjx/HalfCheetah at 1k, 4k and 16k
-#      envs with JAX's and torch's GPU memory (benchmarks.mjx_throughput), and trains PPO on it
-#      with the simulator, the rollout and the trainer sharing the GPU.
+#      nvidia-* wheels torch came with), runs tests/envs/test_mjx.py's gpu test, measures env
+#      steps/s of mjx/HalfCheetah at 1k, 4k and 16k envs with JAX's and torch's GPU memory
+#      (benchmarks.mjx_throughput), and trains PPO on it with the simulator, the rollout and the
+#      trainer sharing the GPU.
 #
 #     bash scripts/gpu_checks.sh OUT_DIR     # results and logs land in OUT_DIR
 #
