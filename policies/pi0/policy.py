@@ -122,12 +122,25 @@ class Pi0Policy(Policy):
         return tiny_pi0(pi05, options["tiny"], action_low=low.tolist(), action_high=high.tolist(),
                         state_dim=self.state_dim, dtype="float32" if options["dtype"] == "config" else options["dtype"])
 
+    def unused_prefix_parameters(self) -> set[str]:
+        """The language model's parameters nothing reads unless the critic reads the prefix: the
+        expert attends to the prefix's keys and values of each layer, so the last layer's
+        queries, output projection, MLP and the final norm only make the prefix's own output."""
+        if self.value_after_vlm and self.value_head is not None:
+            return set()
+        last = f"paligemma.language_model.layers.{self.config.vlm.depth - 1}."
+        parts = ("self_attn.q_proj.", "self_attn.o_proj.", "post_attention_layernorm.", "mlp.")
+        return {name for name, _ in self.model.named_parameters()
+                if name.startswith("paligemma.language_model.norm.") or any(name.startswith(last + p) for p in parts)}
+
     def _set_trainable(self) -> None:
         """``train_expert_only``: the VLM (tower, projector, language model) stays fixed;
-        ``freeze_vision_encoder``: the tower does."""
+        ``freeze_vision_encoder``: the tower does; :meth:`unused_prefix_parameters` never train
+        (no gradient reaches them)."""
+        unused = self.unused_prefix_parameters()
         for name, param in self.model.named_parameters():
             frozen = (self.options["train_expert_only"] and name.startswith("paligemma.")) or \
-                     (self.options["freeze_vision_encoder"] and name.startswith("paligemma.vision_tower."))
+                     (self.options["freeze_vision_encoder"] and name.startswith("paligemma.vision_tower.")) or name in unused
             param.requires_grad_(not frozen)
 
     # -- inputs ---------------------------------------------------------------------------------------
