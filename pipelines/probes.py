@@ -611,8 +611,29 @@ def probe_transfer(cluster: Cluster, obs_mib: float, log, ends: tuple[WorkerGrou
     return latency_s, s_per_mib
 
 
+#: What :func:`profile_embodied` measures, in order (its progress lines count them).
+PROFILE_STEPS = ("the env", "the rollout's inference", "a message between workers", "the trainer", "the weight sync")
+
+
+class ProfileProgress:
+    """The progress lines of a profile: ``[m2flow] profiling i/n: WHAT (detail) ... [seconds so far]``
+    as each probe starts. The probes' own measurements are indented lines (a run logs them to its
+    log file only)."""
+
+    def __init__(self, log: Callable[[str], None], steps: tuple[str, ...] = PROFILE_STEPS) -> None:
+        self.log, self.steps, self.done = log, steps, 0
+        self.t0 = time.perf_counter()
+
+    def next(self, detail: str = "") -> None:
+        what = self.steps[self.done]
+        self.done += 1
+        self.log(f"[m2flow] profiling {self.done}/{len(self.steps)}: {what}{f' ({detail})' if detail else ''} ... "
+                 f"[{time.perf_counter() - self.t0:.0f}s]")
+
+
 def profile_embodied(cfg: EmbodiedConfig, cluster: Cluster, force: bool = False, log=print) -> Profile:
-    """The measured profile of ``cfg``'s env, policy and trainer on this machine (cached)."""
+    """The measured profile of ``cfg``'s env, policy and trainer on this machine (cached). ``log``
+    gets a progress line as each probe starts (:class:`ProfileProgress`) and the probes' measurements."""
     resources = resources_of(cfg)
     cores = len(resources)
     key = cache_key(_setup_key(cfg, cluster.backend))
@@ -624,30 +645,39 @@ def profile_embodied(cfg: EmbodiedConfig, cluster: Cluster, force: bool = False,
             return Profile.from_dict(cached)
     log(f"[m2flow] profiling env, rollout and trainer on {cores} cores ...")
     t0 = time.perf_counter()
+    progress = ProfileProgress(log)
     rollout_on_cpu = resolve_device(cfg.workers.rollout_device).type == "cpu"
     groups: list[WorkerGroup] = []
+    shapes = f"{len(_probe_sizes(cfg.env.num_envs)) + (cores > 1 and cfg.env.num_envs > 1)} shapes of {cfg.env.id}"
     try:
         if cluster.backend == "ray":  # a hanging env is a timeout of the worker, not a hanging driver
+            progress.next(f"{shapes}, in a worker process it starts")
             groups.append(env_probe_group(cfg, cluster))
             env_probe, obs, obs_space, action_space, policy, outputs = _probe_env_in_a_worker(cfg, groups[0], cores, log)
         else:
+            progress.next(shapes)
             env_probe, obs, obs_space, action_space, policy, outputs = probe_env(cfg, cores, log)
         if cluster.backend == "ray" and rollout_on_cpu:  # what the rollout pays in a worker process, channels included
+            progress.next("in a worker process it starts")
             groups.append(rollout_probe_group(cfg, cluster, obs_space, action_space))
             rollout_probe = _probe_rollout_in_a_worker(cfg, groups[1], groups[0], policy, outputs, cores, log)
         else:
+            progress.next()
             rollout_probe = _probe_rollout(cfg, policy, outputs, action_space, cores, log)
         policy = policy.cpu()
         obs_mib = _obs_mib_per_env(obs)
         # between the env probe's and the rollout probe's workers where both ran (as in the pipeline)
         ends = (groups[0], groups[1]) if len(groups) == 2 else None
+        progress.next()
         latency_s, s_per_mib = probe_transfer(cluster, obs_mib * cfg.env.num_envs, log, ends)
     finally:
         for group in groups:
             group.shutdown()
     trainer_policy = build_policy(cfg.policy, obs_space, action_space)
+    progress.next(f"{len(trainer_probe_sizes(cfg))} batch sizes")
     trainer_probe, offload_s, onload_s = _probe_trainer(cfg, trainer_policy, obs, action_space, cores, log,
                                                         message=(latency_s, s_per_mib))
+    progress.next()
     weights_mib = sum(p.numel() * p.element_size() for p in policy.state_dict().values()) / MIB
     sync_s = probe_weight_sync(trainer_policy, policy.to(resolve_device(cfg.workers.rollout_device)))
     log(f"  weight sync: {weights_mib:.2f} MiB exported and loaded in {sync_s * 1e3:.2f} ms")

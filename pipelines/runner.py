@@ -144,6 +144,12 @@ class GracefulStop:
         self._reader.close()
 
 
+def _profile_log(line: str) -> None:
+    """A run's ``log`` for profiling: progress lines (``[m2flow] ...``) on the terminal, the probes'
+    measurements (indented lines) in the run's log only."""
+    (LOG.debug if line.startswith(" ") else LOG.info)(line)
+
+
 class Runner:
     """Runs ``workflow`` under ``cfg`` into ``run`` (None: no files, e.g. a benchmark)."""
 
@@ -175,7 +181,7 @@ class Runner:
             self.layout = self.workflow.unplanned_layout()
             return None
         self.workflow.machine(cluster)  # the devices the plan is made for (every node's, on a cluster)
-        self.profile = self.workflow.profile(cluster, force=cfg.plan.reprofile, log=LOG.debug)
+        self.profile = self.workflow.profile(cluster, force=cfg.plan.reprofile, log=_profile_log)
         self.learner.start(self.profile)
         LOG.debug(f"[m2flow] {describe_provenance(self.profile)}")
         result = self.workflow.plan(self.profile)
@@ -195,7 +201,10 @@ class Runner:
         """Plan and build the workflow's workers (what a benchmark or test needs before iterating)."""
         result = self.plan(cluster)
         assert self.layout is not None
+        LOG.info("[embodied] starting the workers (their processes, envs and models) ...")
+        t0 = time.perf_counter()
         self.workflow.build(cluster, self.layout, self.profile)
+        LOG.info(f"[embodied] workers started in {time.perf_counter() - t0:.0f}s")
         return result
 
     def read_checkpoint(self) -> tuple[dict[str, Any], ResumePoint]:
