@@ -117,9 +117,3 @@ def gemma_variant(name: str) -> GemmaSize:
         raise UserError(f"Gemma variant {name!r} is not known; known: {', '.join(GEMMA_VARIANTS)}.")
     return GEMMA_VARIANTS[name]
 
-
-#: Real-size presets (the released π0 / π0.5 base models: PaliGemma 2B + a 300M expert, 3.3B).
-PRESETS: dict[str, Pi0Config] = {
-    "pi0": Pi0Config(pi05=False, tokenizer_max_length=48),
-    "pi05": Pi0Config(pi05=True, tokenizer_max_length=200),
-}
