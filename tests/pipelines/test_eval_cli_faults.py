@@ -146,3 +146,15 @@ def test_an_eval_video_of_an_env_that_renders_is_made(tmp_path):
     assert "no evaluation video" not in result.stderr
     saved = json.loads(next(tmp_path.glob("runs/eval-gym_ppo/eval/*.json")).read_text())
     assert saved["video"] and Path(tmp_path, saved["video"]).stat().st_size > 1000
+
+
+def test_a_suite_evaluation_shows_each_tasks_progress_and_writes_its_table(tmp_path):
+    suite = "tests.pipelines.test_suite_eval"
+    result = embodied("eval", "gym_ppo", f"env.id={suite}:EasyTask", f"suite={suite}:EasyTask,{suite}:HardTask",
+                      "episodes_per_task=3", "env.num_envs=3", "video=false", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"[eval] task 1/2 {suite}:EasyTask: 3/3 episodes (100%)" in result.stderr
+    assert f"[eval] task 2/2 {suite}:HardTask: 3/3 episodes (100%)" in result.stderr
+    saved = json.loads(next(tmp_path.glob("runs/eval-gym_ppo/eval/gym_ppo-suite-*.json")).read_text())
+    assert [t["id"] for t in saved["suite"]["tasks"]] == [f"{suite}:EasyTask", f"{suite}:HardTask"]
+    assert saved["seed"] == 0 and saved["recipe"] == "gym_ppo"
