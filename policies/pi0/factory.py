@@ -31,6 +31,8 @@ PI0_KWARGS: dict[str, Any] = {
     "value_vlm_mode": "mean_token",  # prefix pooling for value_after_vlm: mean_token, last_token, first_token
     "train_expert_only": 0,  # 1: the VLM (tower, projector, language model) stays fixed
     "freeze_vision_encoder": 0,  # 1: the SigLIP tower stays fixed
+    "lora_rank": 0,  # > 0: LoRA adapters on both Gemmas' projections; their base weights and the tower stay fixed
+    "lora_alpha": 16.0,  # LoRA scaling numerator (scale = alpha / rank)
     "dtype": "float32",  # float32, bfloat16 (CUDA), float16, or "config" (the checkpoint's)
 }
 CHOICES = {
@@ -56,6 +58,12 @@ def parse_kwargs(kwargs: dict[str, Any], policy: str) -> dict[str, Any]:
             raise UserError(f"policy.kwargs.{key}={value!r} must be 0 or 1 (default {PI0_KWARGS[key]}).")
     if options["value_after_vlm"] not in (None, 0, 1) or isinstance(options["value_after_vlm"], bool):
         raise UserError(f"policy.kwargs.value_after_vlm={options['value_after_vlm']!r} must be 0, 1 or null.")
+    rank, alpha = options["lora_rank"], options["lora_alpha"]
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise UserError(f"policy.kwargs.lora_rank={rank!r} must be a non-negative integer (0: no adapters).")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
+        raise UserError(f"policy.kwargs.lora_alpha={alpha!r} must be a positive number.")
+    options["lora_alpha"] = float(alpha)
     level = options["noise_level"]
     if isinstance(level, bool) or not isinstance(level, (int, float)) or level < 0:
         raise UserError(f"policy.kwargs.noise_level={level!r} must be a number >= 0.")

@@ -38,6 +38,7 @@ from policies.config import PolicyConfig
 from policies.models.cnn import camera_keys
 from policies.pi0.inputs import Normalizer, TextTokenizer, images_to_model, pad_last, prompt_texts, tokenize
 from policies.pi0.loader import LoadedPi0, load_pi0
+from policies.pi0.lora import apply_lora, is_gemma_base
 from policies.pi0.model import Pi0Model, PrefixCache
 from policies.pi0.tiny import tiny_pi0
 from policies.vla.heads import ValueHead
@@ -100,6 +101,9 @@ class Pi0Policy(Policy):
         self.has_critic = bool(options["add_value_head"])
         width = self.config.vlm.width if self.value_after_vlm else expert_width
         self.value_head = ValueHead(width) if self.has_critic else None
+        self.lora = bool(options["lora_rank"])
+        if self.lora:
+            apply_lora(self.model, options["lora_rank"], options["lora_alpha"])
         self._set_trainable()
 
     # -- construction --------------------------------------------------------------------------------
@@ -135,12 +139,13 @@ class Pi0Policy(Policy):
 
     def _set_trainable(self) -> None:
         """``train_expert_only``: the VLM (tower, projector, language model) stays fixed;
-        ``freeze_vision_encoder``: the tower does; :meth:`unused_prefix_parameters` never train
-        (no gradient reaches them)."""
+        ``freeze_vision_encoder``: the tower does; with LoRA the Gemmas' base weights and the
+        tower do; :meth:`unused_prefix_parameters` never train (no gradient reaches them)."""
         unused = self.unused_prefix_parameters()
         for name, param in self.model.named_parameters():
             frozen = (self.options["train_expert_only"] and name.startswith("paligemma.")) or \
-                     (self.options["freeze_vision_encoder"] and name.startswith("paligemma.vision_tower.")) or name in unused
+                     ((self.options["freeze_vision_encoder"] or self.lora) and name.startswith("paligemma.vision_tower.")) or \
+                     (self.lora and is_gemma_base(name)) or name in unused
             param.requires_grad_(not frozen)
 
     # -- inputs ---------------------------------------------------------------------------------------

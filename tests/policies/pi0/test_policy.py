@@ -171,6 +171,39 @@ def test_train_expert_only_freezes_the_vlm() -> None:
     assert any(k.startswith("model.gemma_expert.") for k in trainable) and "value_head.net.0.weight" in trainable
 
 
+def test_lora_starts_as_the_base_model_and_trains_only_adapters_and_small_modules() -> None:
+    base, lora = make("pi0"), make("pi0", lora_rank=4)
+    obs = observations()
+    with torch.no_grad():
+        chain = base.act(obs).actions
+        assert torch.allclose(lora.evaluate(obs, chain).logprobs, base.evaluate(obs, chain).logprobs, atol=1e-5)  # B = 0
+        out = lora.act(obs)
+        assert torch.allclose(out.logprobs, lora.evaluate(obs, out.actions).logprobs, atol=1e-5)
+    trainable = set(lora.trainable_state_dict())
+    adapters = {n for n in trainable if "lora_" in n}
+    assert adapters and any("gemma_expert" in n for n in adapters) and any("language_model" in n for n in adapters)
+    others = trainable - adapters
+    assert "model.action_out_proj.weight" in others and "value_head.net.0.weight" in others
+    assert not any(n.startswith(("model.paligemma.language_model.", "model.gemma_expert.", "model.paligemma.vision_tower."))
+                   for n in others)
+
+
+def test_real_size_layout_has_the_published_parameter_counts() -> None:
+    """π0 / π0.5 at their released sizes (on the meta device: no memory): SigLIP So400m (412M
+    without its pooling head), Gemma 2B (2.51B with its 257k-token embedding), a 311M expert (428M
+    with π0.5's adaRMS ``dense``), 3.24B / 3.35B in all."""
+    from policies.pi0.config import Pi0Config
+    from policies.pi0.model import Pi0Model
+
+    for pi05, total in ((False, 3_238_048_528), (True, 3_353_433_872)):
+        with torch.device("meta"):
+            model = Pi0Model(Pi0Config(pi05=pi05))
+        count = lambda prefix: sum(p.numel() for n, p in model.named_parameters() if n.startswith(prefix))  # noqa: E731
+        assert count("paligemma.vision_tower.") == 412_442_352
+        assert count("paligemma.language_model.") == 2_508_531_712
+        assert count("") == total
+
+
 def test_sft_loss_is_flow_matching_and_trains() -> None:
     policy = make("pi0")
     obs = observations(batch=2)
