@@ -40,6 +40,7 @@ from embodied.config import to_dict
 from embodied.errors import FailureContext, Terminated
 from embodied.metrics import MetricsLogger, ResumePoint, read_metrics
 from embodied.progress import Progress
+from embodied.rl import ZeroSignalMonitor
 from embodied.runtime import Cluster
 from embodied.seeding import seed_everything
 from pipelines.calibrate import Calibrated, Calibrator
@@ -51,6 +52,10 @@ from scheduler import PlanResult, Profile
 
 LOG = logging.getLogger("embodied")
 
+
+#: An iteration's share of GRPO groups whose rewards are all equal (the embodied and the reasoning
+#: workflow's names): at 1.0 the iteration's update does nothing.
+ZERO_SPREAD_METRICS = ("grpo/frac_reward_zero_std", "reward/frac_reward_zero_std")
 
 #: The signals that stop a run: Ctrl-C, a scheduler's or ``kill``'s SIGTERM, the terminal closing.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -167,6 +172,7 @@ class Runner:
         self.calibrated: Calibrated | None = None
         self.planned: PlanResult | None = None  # the planner's first result (its candidates go to plan.json)
         self.learner = CostLearner(workflow, cfg.plan.learn, str(run.path) if run is not None else "?")
+        self.zero_signal = ZeroSignalMonitor(unit="iteration")
         self.doing = "starting"  # what the run is doing, for failure messages
         self.stop_signal: int | None = None  # a first Ctrl-C / SIGTERM / SIGHUP: stop after this iteration
         self.stopping_allowed = False  # whether a first signal stops after the iteration (else: abort)
@@ -239,6 +245,10 @@ class Runner:
         metrics = self.workflow.iterate(self.iteration, self.lr(), last)
         self.steps += int(metrics.pop("steps"))
         self.iteration += 1
+        spread = next((metrics[k] for k in ZERO_SPREAD_METRICS if metrics.get(k) is not None), None)
+        warning = self.zero_signal.observe(float(spread)) if spread is not None else None
+        if warning is not None:  # the trainer's own warning reaches only its log on Ray
+            LOG.warning(f"[grpo] {warning}")
         return {"iteration": self.iteration, "env_steps": self.steps, **metrics}
 
     def run(self) -> dict[str, Any]:

@@ -79,17 +79,20 @@ class ZeroSignalMonitor:
     the first time the share is 1, then at most once per ``every`` batches while it happens again
     (with how many such batches there were since the last warning); None otherwise."""
 
-    def __init__(self, every: int = ZERO_SIGNAL_WARN_EVERY) -> None:
+    def __init__(self, every: int = ZERO_SIGNAL_WARN_EVERY, unit: str = "batch") -> None:
         if every < 1:
             raise ValueError(f"ZeroSignalMonitor: every must be >= 1 (got {every})")
         self.every = every
+        self.unit = unit  # what one observation is, in the warning ("batch", "iteration")
+        self.units = unit + ("(es)" if unit.endswith(("s", "sh", "ch", "x", "z")) else "(s)")
         self.batches = 0
         self.zero_signal_batches = 0
         self._last_warned: int | None = None  # the batch number of the last warning
         self._since_warned = 0
 
-    def observe(self, frac_zero_std: float, num_groups: int) -> str | None:
-        """The warning for a batch whose groups (``num_groups``) have ``frac_zero_std`` zero spread."""
+    def observe(self, frac_zero_std: float, num_groups: int | None = None) -> str | None:
+        """The warning for a batch whose groups (``num_groups``, None: not known) have
+        ``frac_zero_std`` zero spread."""
         self.batches += 1
         if frac_zero_std < 1.0:
             return None
@@ -98,9 +101,10 @@ class ZeroSignalMonitor:
         if self._last_warned is not None and self.batches - self._last_warned < self.every:
             return None
         count, self._since_warned, self._last_warned = self._since_warned, 0, self.batches
-        seen = "" if self.zero_signal_batches == 1 else f" ({count} such batch(es) since the last warning)"
+        seen = "" if self.zero_signal_batches == 1 else f" ({count} such {self.units} since the last warning)"
+        groups = "the groups" if num_groups is None else f"{num_groups} group(s)"
         return (
-            f"no learning signal: all {num_groups} group(s) of batch {self.batches} have equal rewards, so every "
+            f"no learning signal: all {groups} of {self.unit} {self.batches} have equal rewards, so every "
             f"advantage is 0 and the update does nothing{seen}. Raise algo.group_size, use harder data (all "
             "right) or easier data / a warm start (all wrong), or raise the sampling temperature for more varied "
             "samples."
