@@ -18,7 +18,8 @@ Supported layouts (one ``model.safetensors`` and a ``config.json``):
   statistics in ``assets/<asset_id>/norm_stats.json`` (``{"norm_stats": {"state": {...},
   "actions": {...}}}``).
 
-Sizes come from the tensors (widths, depths, MLP widths, image and patch size, chunk and action
+The model is built without random initialization (transformers' ``no_init_weights``), cast to
+the requested dtype, then filled. Sizes come from the tensors (widths, depths, MLP widths, image and patch size, chunk and action
 widths), head widths from the named Gemma variant (checked against the tensors: a mismatch is one
 sentence naming the part and both sizes). Every key is accounted for (:class:`LoadReport`):
 loaded into a parameter, or dropped for a stated reason (PaliGemma's ``lm_head``, tied to the
@@ -216,7 +217,11 @@ def load_pi0(path: str | Path, dtype: str = "float32", tokenizer: str | None = N
         config = _sizes(shapes, meta, pi05)
     except KeyError as err:
         raise UserError(f"{path / WEIGHTS} lacks {err.args[0]!r}, which every π0 checkpoint has.") from err
-    model = Pi0Model(config)
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():  # every parameter is filled from the checkpoint below: no random init of 3B weights
+        model = Pi0Model(config)
+    model.to_dtype(TORCH_DTYPES[dtype] if dtype != "config" else _config_dtype(meta))
     state = model.state_dict()
     unknown = sorted(set(targets) - set(state))
     if unknown:
@@ -233,7 +238,6 @@ def load_pi0(path: str | Path, dtype: str = "float32", tokenizer: str | None = N
     report.filled = dict(targets)
     report.built = {name: "computed at construction (non-persistent)" for name, _ in model.named_buffers()
                     if name not in state}
-    model.to(TORCH_DTYPES[dtype] if dtype != "config" else _config_dtype(meta))
     stats = read_stats(path)
     quantile = _quantile(meta, pi05)
     if "actions" not in stats:

@@ -129,6 +129,17 @@ class Pi0Model(nn.Module):
         self.action_in_proj = nn.Linear(config.max_action_dim, expert.width)
         self.action_out_proj = nn.Linear(expert.width, config.max_action_dim)
 
+    def to_dtype(self, dtype: torch.dtype) -> Pi0Model:
+        """Cast the parameters to ``dtype``; the buffers computed at construction (rotary
+        frequencies, the embedding scale) keep their float32 values (bfloat16 would round the
+        rotary frequencies)."""
+        kept = {name: buffer.clone() for name, buffer in self.named_buffers() if buffer.is_floating_point()}
+        self.to(dtype)
+        for name, value in kept.items():
+            module_name, _, buffer_name = name.rpartition(".")
+            self.get_submodule(module_name)._buffers[buffer_name] = value
+        return self
+
     @property
     def device(self) -> torch.device:
         return self.action_in_proj.weight.device

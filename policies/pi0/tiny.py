@@ -56,7 +56,7 @@ def tiny_stats(pi05: bool, action_low: list[float], action_high: list[float], st
 def tiny_pi0(pi05: bool, overrides: dict[str, Any] | None, action_low: list[float], action_high: list[float],
              state_dim: int, dtype: str = "float32") -> LoadedPi0:
     config = tiny_config(pi05, overrides)
-    model = Pi0Model(config).to(TORCH_DTYPES[dtype])
+    model = Pi0Model(config).to_dtype(TORCH_DTYPES[dtype])
     _randomize_zero_inits(model)
     stats = tiny_stats(pi05, action_low, action_high, state_dim)
     state_norm = Normalizer.from_stats(stats["state"], pi05, "tiny state statistics") if state_dim else None

@@ -204,6 +204,18 @@ def test_real_size_layout_has_the_published_parameter_counts() -> None:
         assert count("") == total
 
 
+def test_bfloat16_keeps_the_rotary_frequencies_in_float32() -> None:
+    policy = make("pi05", dtype="bfloat16")
+    model = policy.model
+    assert model.action_in_proj.weight.dtype == torch.bfloat16
+    assert model.paligemma.language_model.rotary_emb.inv_freq.dtype == torch.float32
+    with torch.no_grad():
+        out = policy.act(observations())
+        ev = policy.evaluate(observations(), out.actions)
+    assert out.actions.dtype == torch.float32 and torch.isfinite(ev.logprobs).all()
+    assert torch.allclose(out.logprobs, ev.logprobs, atol=0.5)  # bfloat16: batched and stepwise passes round differently
+
+
 def test_sft_loss_is_flow_matching_and_trains() -> None:
     policy = make("pi0")
     obs = observations(batch=2)
