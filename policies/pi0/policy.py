@@ -18,6 +18,11 @@ K = C * A.
 * ``values``: a critic on the VLM's prefix features (``value_after_vlm: 1``; ``value_vlm_mode``
   picks the mean / first / last real token) or on the action expert's (the mean over the action
   tokens, averaged over the chain's steps), as RLinf's openpi policy.
+
+Training modes: everything (the prefix's last-layer parts nothing reads stay frozen:
+:meth:`Pi0Policy.unused_prefix_parameters`), ``train_expert_only`` (the VLM fixed),
+``freeze_vision_encoder``, or LoRA on both Gemmas (``lora_rank``; :mod:`policies.pi0.lora`).
+:meth:`Pi0Policy.sft_loss` is the flow-matching loss for supervised fine-tuning.
 """
 
 from __future__ import annotations
@@ -86,7 +91,8 @@ class Pi0Policy(Policy):
         if self.action_chunk > self.config.chunk_size or self.action_dim > self.config.max_action_dim:
             raise UserError(f"policy.action_chunk={self.action_chunk} x {self.action_dim} env dims do not fit the model's "
                             f"{self.config.chunk_size} x {self.config.max_action_dim} action chunk.")
-        self.action_norm, self.state_norm = loaded.action_norm, loaded.state_norm
+        self.action_norm: Normalizer = loaded.action_norm
+        self.state_norm: Normalizer | None = loaded.state_norm
         if self.action_norm.dim < self.action_dim:
             raise UserError(f"the action statistics have {self.action_norm.dim} dims, the env {self.action_dim}.")
         self.num_steps = int(options["num_steps"] or self.config.num_inference_steps)  # N
