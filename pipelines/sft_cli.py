@@ -68,6 +68,11 @@ def _coerce(key: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UserError(f"embodied sft: {key}={value!r} must be a positive integer.")
         return value
+    if isinstance(value, str):  # YAML reads 3e-4 (no dot) as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise UserError(f"embodied sft: {key}={value!r} must be a non-negative number.")
     if key == "val_fraction" and not value < 1:

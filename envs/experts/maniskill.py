@@ -16,7 +16,7 @@ limit), so an expert is one small state machine per episode::
     embodied demos PickCube-v1 episodes=100     # pipelines/demos.py records them
 
 ManiSkill's own `success` decides which episodes are kept; the expert's success rate is what
-`embodied demos` reports (docs/vla.md#demonstrations).
+`embodied demos` reports (docs/vla.md#demonstrations-and-sft).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ pytest.importorskip("transformers", reason="the VLA policies need the vla extra"
 
 from pipelines.cli import build_train_config, main  # noqa: E402
 from pipelines.demos import DemoConfig, load_demos, read_meta, record_demos  # noqa: E402
+from pipelines.sft_cli import parse_sft_args  # noqa: E402
 from pipelines.sft import SFTConfig, check_recipe_fits, demo_spaces, per_token, run_sft  # noqa: E402
 from pipelines.warmstart import mean_nll  # noqa: E402
 from policies.registry import build_policy  # noqa: E402
@@ -88,6 +89,8 @@ def test_embodied_sft_of_a_policy_name_reads_the_env_from_the_demos(demo_path, t
     assert summary["path"] == str(out) and summary["episodes"] == EPISODES
     assert main(["sft", "openvla_oft", f"demos={demo_path}", f"out={out}", "epochs=1"]) == 2  # exists: nothing overwritten
     assert main(["sft", RECIPE, f"demos={demo_path}", "epoch=3"]) == 2  # a misspelt key
+    assert parse_sft_args([RECIPE, f"demos={demo_path}", "lr=3e-4", "policy.kwargs.lora_rank=8"])[1:] == (
+        SFTConfig(demos=[str(demo_path)], lr=3e-4), ["policy.kwargs.lora_rank=8"])
 
 
 @pytest.mark.slow
