@@ -74,8 +74,17 @@ def lower_bound(workflow: MacroFlow, profile: Profile, resources: Resources) -> 
                                                                                  device_class.indices))
         if math.isinf(work[component]):
             raise ValueError(f"no device of {resources} is eligible for component {component!r}")
-    iteration_s = max(sum(work.values()) / len(usable), max(fastest.values()))
+    iteration_s = max(sum(work.values()) / _capacity(workflow, profile, resources, usable), max(fastest.values()))
     return Bound(iteration_s, work, fastest, len(usable))
+
+
+def _capacity(workflow: MacroFlow, profile: Profile, resources: Resources, usable: set[int]) -> float:
+    """Device-seconds of work the usable devices do per second: one each, but a GPU that a GPU
+    simulator may share with the rollout (an ``overlap`` plan) up to ``2 / gpu_contention``."""
+    pool = workflow.spec.pool
+    overlap = bool(pool) and any(c.kind == "gpu" for c in eligible_classes(pool[-1], profile, resources))
+    gpu = 2.0 / profile.gpu_contention if overlap else 1.0
+    return sum(gpu if resources.devices[d].kind == "gpu" else 1.0 for d in usable)
 
 
 def _component_seconds(workflow: MacroFlow, profile: Profile, component: str, devices: tuple[int, ...],
@@ -120,7 +129,8 @@ class GapToBound:
     overhead_device_s: dict[str, float]
     """Device-seconds of spans other than work, by kind (``"sync"``, ``"onload"``, ``"offload"``)."""
     idle_device_s: float
-    """Device-seconds in the makespan on which no task runs (waits, message delays)."""
+    """Device-seconds in the makespan on which no task runs (waits, message delays); in an
+    ``overlap`` plan less the seconds env and rollout spans overlap on a GPU (it may go negative)."""
 
     @property
     def lost_device_s(self) -> float:

@@ -20,6 +20,9 @@ Kinds live in :data:`FLOW_KINDS` (a registry of builder specs, no if/elif on the
     env and rollout tasks both run on stream c's cores (``Plan.stream_devices``), priced at that
     many threads: each stream alternates on its own cores, the streams side by side, and its env
     and rollout tasks share one process (``Task.process``: no message between them).
+    A plan whose GPU simulator overlaps its GPUs with the rollout (``Plan.gpu_sharing ==
+    "overlap"``) runs the env tasks on lane ``"env"`` and all rollout tasks on lane ``"rollout"``,
+    priced on their devices, the GPUs' pool slowing overlapping tasks by ``Profile.gpu_contention``.
     With ``train_overlap`` (steady state of one-step-stale training, ``algo.staleness=1``) the trainer
     trains on the *previous* iteration's samples, so its epochs wait for no message of this
     iteration: they start as soon as their devices are free, and the weight sync follows both.
@@ -40,7 +43,7 @@ from typing import Any
 
 from scheduler._json import check_keys
 from scheduler.graph import WORK, Dep, Task, call_sizes, chunk_sizes
-from scheduler.plans import SHARED, STREAMS, Plan
+from scheduler.plans import GPU_OVERLAP, SHARED, STREAMS, Plan
 from scheduler.profile import WEIGHT_SYNC, Profile
 
 
@@ -241,8 +244,9 @@ def _embodied_build(w: MacroFlow, plan: Plan, profile: Profile) -> list[Task]:
         env_on, rollout_on = (env_devices,) * len(sizes), (rollout_devices,) * len(sizes)
     env_s = [env.cost.time_s(s, 1 if shared else len(env_on[c])) for c, s in enumerate(sizes)]
     rollout_s = [rollout.cost.time_s(s, 1 if shared else len(rollout_on[c])) for c, s in enumerate(sizes)]
-    env_lane = "env" if shared else None
-    rollout_lane = [f"rollout {c % plan.lanes}" if shared else None for c in range(len(sizes))]
+    overlap = plan.gpu_sharing == GPU_OVERLAP  # env and rollout workers side by side on their GPUs
+    env_lane = "env" if shared or overlap else None
+    rollout_lane = [f"rollout {c % plan.lanes}" if shared else "rollout" if overlap else None for c in range(len(sizes))]
     process = [f"stream {c}" if plan.mode == STREAMS else None for c in range(len(sizes))]  # env and policy: one process
     steps = w.rollout_steps
     tasks: list[Task] = []

@@ -22,6 +22,17 @@ one rank of every pool component (env and rollout), pinned there, taking turns o
 LANE_MODES = (SHARED, STREAMS)
 """Modes whose ``Plan.lanes`` is at least 2."""
 
+GPU_SWITCH = "switch"
+"""GPU sharing: the components on one GPU run one task at a time (colocated with context
+switching); a task that follows another component's on a GPU pays ``Profile.gpu_switch_s``."""
+
+GPU_OVERLAP = "overlap"
+"""GPU sharing: the pool components (env and rollout) on one GPU run at the same time (streamed),
+each slowed down by ``Profile.gpu_contention`` while the other runs."""
+
+GPU_SHARING = (GPU_SWITCH, GPU_OVERLAP)
+"""How a GPU simulator shares its GPU with the other components, simplest first (tie-break order)."""
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -54,6 +65,11 @@ class Plan:
     block s of the pool's cores (:func:`split_devices`), where one env rank steps chunk s and one
     rollout rank infers for it, taking turns. At least 2 (one stream is the colocated flow).
     1 in every other mode."""
+    gpu_sharing: str | None = None
+    """Where the env (a GPU simulator) shares its GPUs with another component: one of
+    :data:`GPU_SHARING` (``"switch"``: one task at a time per GPU, a switch cost between
+    components; ``"overlap"``: env and rollout run concurrently, slowed by contention). None
+    where no GPU is shared with the env (every CPU plan)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -71,6 +87,10 @@ class Plan:
             raise ValueError(f"Plan.lanes={self.lanes} exceeds num_chunks={self.num_chunks}: a lane would have no chunk")
         if self.mode == STREAMS and self.num_chunks != self.lanes:
             raise ValueError(f"a {STREAMS} plan runs one chunk per stream: num_chunks={self.num_chunks} != lanes={self.lanes}")
+        if self.gpu_sharing is not None and self.gpu_sharing not in GPU_SHARING:
+            raise ValueError(f"Plan.gpu_sharing must be None or one of {GPU_SHARING}, got {self.gpu_sharing!r}")
+        if self.gpu_sharing == GPU_OVERLAP and self.mode in LANE_MODES:
+            raise ValueError(f"Plan.gpu_sharing={GPU_OVERLAP!r} runs env and rollout side by side on a GPU; a {self.mode} plan's pool is CPU cores")
         unknown = sorted(set(self.offload) - set(self.placement))
         if unknown:
             raise ValueError(f"Plan.offload names components that are not placed: {unknown}")
@@ -78,7 +98,7 @@ class Plan:
     def key(self) -> tuple:
         """What makes two plans the same micro flow (everything but the prediction)."""
         return (self.mode, tuple(sorted(self.placement.items())), self.num_chunks, self.train_microbatch,
-                tuple(self.offload), self.lanes)
+                tuple(self.offload), self.lanes, self.gpu_sharing)
 
     def to_dict(self) -> dict[str, Any]:
         predicted = self.predicted_iteration_s
@@ -90,11 +110,12 @@ class Plan:
             "offload": list(self.offload),
             "predicted_iteration_s": None if math.isnan(predicted) else predicted,
             "lanes": self.lanes,
+            "gpu_sharing": self.gpu_sharing,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
-        keys = ("mode", "placement", "num_chunks", "train_microbatch", "offload", "predicted_iteration_s", "lanes")
+        keys = ("mode", "placement", "num_chunks", "train_microbatch", "offload", "predicted_iteration_s", "lanes", "gpu_sharing")
         check_keys("Plan", data, keys, required=("mode", "placement", "num_chunks"))
         predicted = data.get("predicted_iteration_s")
         microbatch = data.get("train_microbatch")
@@ -106,17 +127,21 @@ class Plan:
             offload=tuple(data.get("offload", ())),
             predicted_iteration_s=math.nan if predicted is None else float(predicted),
             lanes=int(data.get("lanes", 1)),
+            gpu_sharing=data.get("gpu_sharing"),
         )
 
     def placement_str(self) -> str:
         """E.g. ``"env:0-1 rollout:2 trainer:0-3"``; offloaded components end in ``*``; a shared
-        plan ends in ``lanes=N``, a streams plan in ``streams=N``."""
+        plan ends in ``lanes=N``, a streams plan in ``streams=N``, a plan whose GPU simulator shares
+        its GPUs in ``gpu=switch`` or ``gpu=overlap``."""
         parts = []
         for name, devices in self.placement.items():
             star = "*" if name in self.offload else ""
             parts.append(f"{name}:{_ranges(devices)}{star}")
         if self.lanes_label:
             parts.append(self.lanes_label)
+        if self.gpu_sharing is not None:
+            parts.append(f"gpu={self.gpu_sharing}")
         return " ".join(parts)
 
     @property

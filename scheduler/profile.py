@@ -90,6 +90,13 @@ class Profile:
     cross_process_messages: bool = False
     """Every component runs in processes of its own, so a message between two components pays the
     transfer cost even when they share their devices (only messages within a component are free)."""
+    gpu_switch_s: float = 0.0
+    """Seconds a GPU loses when it turns from one component's task to another's (a ``switch`` plan:
+    the CUDA context switch between processes that time-slice the GPU)."""
+    gpu_contention: float = 1.5
+    """How much slower each of two tasks runs while they overlap on one GPU (an ``overlap`` plan),
+    in [1, 2]: 1 = they do not slow each other down, 2 = the GPU runs them at half speed each (no
+    gain over running them one after the other)."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Free-form provenance (host, probe batch sizes, ...); ignored by the planner."""
 
@@ -99,6 +106,10 @@ class Profile:
                 raise ValueError(f"Profile.components[{key!r}] is named {component.name!r}; keys must equal names")
         if not (self.transfer_latency_s >= 0 and self.transfer_s_per_mib >= 0):
             raise ValueError("Profile transfer costs must be >= 0")
+        if not self.gpu_switch_s >= 0:
+            raise ValueError(f"Profile.gpu_switch_s must be >= 0, got {self.gpu_switch_s}")
+        if not 1.0 <= self.gpu_contention <= 2.0:
+            raise ValueError(f"Profile.gpu_contention must lie in [1, 2], got {self.gpu_contention}")
 
     def __getitem__(self, name: str) -> ComponentProfile:
         try:
@@ -116,6 +127,8 @@ class Profile:
             "transfer_latency_s": self.transfer_latency_s,
             "transfer_s_per_mib": self.transfer_s_per_mib,
             "cross_process_messages": self.cross_process_messages,
+            "gpu_switch_s": self.gpu_switch_s,
+            "gpu_contention": self.gpu_contention,
             "meta": dict(self.meta),
         }
 
@@ -128,6 +141,8 @@ class Profile:
             transfer_latency_s=float(data.get("transfer_latency_s", 0.0)),
             transfer_s_per_mib=float(data.get("transfer_s_per_mib", 0.0)),
             cross_process_messages=bool(data.get("cross_process_messages", False)),
+            gpu_switch_s=float(data.get("gpu_switch_s", 0.0)),
+            gpu_contention=float(data.get("gpu_contention", 1.5)),
             meta=dict(data.get("meta", {})),
         )
 

@@ -5,7 +5,8 @@ enumerating them blindly: for every set of offloaded components it takes the lar
 micro-batch that fits (fewer calls are never slower), drops infeasible sets and sets dominated by a
 smaller set with an equal or larger micro-batch (extra context switches are never faster), and
 simulates what is left. Ranking: predicted iteration time, then fewer chunks, then the simpler
-mode (:data:`~scheduler.plans.MODES` order), then fewer lanes, then fewer offloads, then a larger micro-batch, then
+mode (:data:`~scheduler.plans.MODES` order), then fewer lanes, then the simpler GPU sharing
+(``switch`` before ``overlap``, where a GPU simulator shares its GPUs), then fewer offloads, then a larger micro-batch, then
 the placement — fully deterministic.
 """
 
@@ -14,12 +15,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from itertools import combinations
+from itertools import combinations, product
 
 from scheduler.bounds import Bound, lower_bound
 from scheduler.memory import component_memory_gib, phase_overflows, resident_memory_gib, switchable_components
 from scheduler.placements import PLACEMENT_MODES, Placement, eligible_classes
-from scheduler.plans import LANE_MODES, MODES, SHARED, STREAMS, Plan, Timeline
+from scheduler.plans import GPU_SHARING, GPU_SWITCH, LANE_MODES, MODES, SHARED, STREAMS, Plan, Timeline
 from scheduler.profile import Profile
 from scheduler.resources import Resources
 from scheduler.simulate import predict, simulate
@@ -104,8 +105,8 @@ def plan(
                     seen.add(flow_key)
                     options, problems = _memory_options(workflow, profile, resources, placement, k, mode, lanes)
                     overflows.extend(problems)
-                    for offload, microbatch in options:
-                        candidate = Plan(mode, placement, k, microbatch, offload, math.nan, lanes)
+                    for (offload, microbatch), sharing in product(options, _gpu_sharings(spec.pool, placement, resources, mode)):
+                        candidate = Plan(mode, placement, k, microbatch, offload, math.nan, lanes, sharing)
                         makespan_s, _ = predict(candidate, profile, workflow, resources)
                         candidate = dataclasses.replace(candidate, predicted_iteration_s=makespan_s)
                         scored.append((_rank_key(candidate, placement_key), candidate))
@@ -170,6 +171,22 @@ def _lane_counts(mode: str, pool: tuple[str, ...], placement: Placement, num_chu
     return range(1, 2)
 
 
+def _gpu_sharings(pool: tuple[str, ...], placement: Placement, resources: Resources, mode: str) -> tuple[str | None, ...]:
+    """How the simulator (the pool's last component: the env) may share its GPUs: both ways
+    (:data:`~scheduler.plans.GPU_SHARING`) where it is on GPUs with the rollout, ``switch`` where
+    it shares them only with others (the trainer), else None (it has its GPUs alone, or runs on CPUs)."""
+    if not pool:
+        return (None,)
+    simulator = placement[pool[-1]]
+    if not all(resources.devices[d].kind == "gpu" for d in simulator):
+        return (None,)
+    sharing = {c for c, devices in placement.items() if c != pool[-1] and set(devices) & set(simulator)}
+    if not sharing:
+        return (None,)
+    together = mode not in LANE_MODES and all(placement[c] == simulator for c in pool)
+    return GPU_SHARING if together else (GPU_SWITCH,)
+
+
 def _memory_options(
     workflow: MacroFlow, profile: Profile, resources: Resources, placement: Placement, num_chunks: int,
     mode: str = "colocated", lanes: int = 1,
@@ -208,6 +225,7 @@ def _rank_key(candidate: Plan, placement_key: tuple) -> tuple:
         candidate.num_chunks,
         MODES.index(candidate.mode),
         candidate.lanes,
+        -1 if candidate.gpu_sharing is None else GPU_SHARING.index(candidate.gpu_sharing),
         len(candidate.offload),
         -(candidate.train_microbatch or 0),
         candidate.offload,

@@ -18,6 +18,12 @@ Rules (the runtime must behave the same way for the prediction to hold):
   message between lane tasks is free only within one lane. The pool starts when all its devices
   are free and is free again when its last lane task ends; no other task on a pool device may be
   ordered between the pool's lane tasks.
+* **GPU sharing** (``Plan.gpu_sharing``, where a GPU simulator shares its GPUs): ``switch``: the
+  rules above, and a task that follows another component's task on a GPU starts
+  ``Profile.gpu_switch_s`` after it (the context switch). ``overlap``: the env and rollout tasks are
+  lane tasks on the pool of their GPUs (the env worker one lane, the rollout worker the other),
+  whose capacity is ``2 / Profile.gpu_contention`` tasks: one task alone runs at full speed, two at
+  once each at ``1 / gpu_contention`` of it.
 * Each offloaded component X gets, on each of its devices, an ``onload`` span before its phase's
   first task there and an ``offload`` span after the phase's last task there. Over an iteration
   in steady state every offloaded component pays one onload and one offload per device.
@@ -28,7 +34,7 @@ from __future__ import annotations
 import math
 
 from scheduler.graph import OFFLOAD, ONLOAD, Task
-from scheduler.plans import LANE_MODES, Plan, Span, Timeline
+from scheduler.plans import GPU_OVERLAP, GPU_SWITCH, LANE_MODES, Plan, Span, Timeline
 from scheduler.profile import Profile
 from scheduler.resources import Resources
 from scheduler.flows import MacroFlow
@@ -56,8 +62,11 @@ def task_graph(plan: Plan, profile: Profile, workflow: MacroFlow, resources: Res
     return workflow.spec.build(workflow, plan, profile) + context_switch_tasks(plan, profile, workflow)
 
 
-def schedule(tasks: list[Task], profile: Profile) -> dict[str, tuple[float, float]]:
-    """Task name -> (start_s, end_s) under the rules of this module."""
+def schedule(tasks: list[Task], profile: Profile, switch_devices: frozenset[int] = frozenset(),
+             pool_capacity: float | None = None) -> dict[str, tuple[float, float]]:
+    """Task name -> (start_s, end_s) under the rules of this module. ``switch_devices``: the
+    devices where a change of component costs ``profile.gpu_switch_s``; ``pool_capacity``: the
+    lane pool's capacity in tasks at full speed (default: its number of cores)."""
     by_name = {t.name: t for t in tasks}
     if len(by_name) != len(tasks):
         raise ValueError("task names must be unique")
@@ -65,25 +74,29 @@ def schedule(tasks: list[Task], profile: Profile) -> dict[str, tuple[float, floa
     lane_tasks = [t for t in ordered if t.lane is not None]
     _check_pool(ordered, lane_tasks)
     device_free_s: dict[int, float] = {}
+    last_component: dict[int, str] = {}  # device -> component of its last task (switch costs)
     times: dict[str, tuple[float, float]] = {}
     for task in ordered:
         if task.lane is not None:
             if task is lane_tasks[0]:  # the whole pool at once: its tasks slow each other down
                 pool = task.devices
                 start_s = max((device_free_s.get(d, 0.0) for d in pool), default=0.0)
-                end_s = _share(lane_tasks, start_s, times, by_name, profile)
+                end_s = _share(lane_tasks, start_s, times, by_name, profile, pool_capacity)
                 for d in pool:
                     device_free_s[d] = end_s
             continue
         ready_s = _inputs_ready(task, times, by_name, profile)
         for d in task.devices:
             free_s = device_free_s.get(d, 0.0)
+            if d in switch_devices and last_component.get(d, task.component) != task.component:
+                free_s += profile.gpu_switch_s
             if free_s > ready_s:
                 ready_s = free_s
         end_s = ready_s + task.duration_s
         times[task.name] = (ready_s, end_s)
         for d in task.devices:
             device_free_s[d] = end_s
+            last_component[d] = task.component
     return times
 
 
@@ -128,11 +141,12 @@ _DONE = 1e-12  # remaining work (s) below which a lane task counts as finished (
 
 def _share(
     lane_tasks: list[Task], start_s: float, times: dict[str, tuple[float, float]], by_name: dict[str, Task],
-    profile: Profile,
+    profile: Profile, capacity: float | None = None,
 ) -> float:
     """Processor sharing of ``lane_tasks`` (in static order) on their pool from ``start_s``;
-    writes their (start, end) into ``times`` and returns when the last one ends."""
-    cores = len(lane_tasks[0].devices)
+    writes their (start, end) into ``times`` and returns when the last one ends. ``capacity``:
+    threads the pool runs at full speed (default: its cores)."""
+    cores = len(lane_tasks[0].devices) if capacity is None else capacity
     queues: dict[str, list[Task]] = {}
     for t in lane_tasks:
         queues.setdefault(t.lane, []).append(t)  # type: ignore[arg-type]
@@ -191,10 +205,12 @@ def _order(task: Task) -> tuple[int, int, int, int, int]:
 def simulate(plan: Plan, profile: Profile, workflow: MacroFlow, resources: Resources) -> Timeline:
     """Simulate one iteration of ``workflow`` under ``plan``: spans, makespan, utilization."""
     tasks = task_graph(plan, profile, workflow, resources)
-    times = schedule(tasks, profile)
-    makespan_s, utilization = _summary(tasks, times, len(resources.devices))
+    switch_devices, pool_capacity = gpu_sharing_rules(plan, profile, resources)
+    times = schedule(tasks, profile, switch_devices, pool_capacity)
+    gpu_pool = pool_capacity is not None  # an overlap plan: a lane task uses all its GPUs
+    makespan_s, utilization = _summary(tasks, times, len(resources.devices), gpu_pool)
     spans = []
-    shown_on = _pool_rows(tasks, times)
+    shown_on = {} if gpu_pool else _pool_rows(tasks, times)
     for task in tasks:
         start_s, end_s = times[task.name]
         for d in shown_on.get(task.name, task.devices):
@@ -221,17 +237,37 @@ def _pool_rows(tasks: list[Task], times: dict[str, tuple[float, float]]) -> dict
 def predict(plan: Plan, profile: Profile, workflow: MacroFlow, resources: Resources) -> tuple[float, dict[int, float]]:
     """``(makespan_s, utilization)`` of :func:`simulate` without materialising spans (the search's fast path)."""
     tasks = task_graph(plan, profile, workflow, resources)
-    return _summary(tasks, schedule(tasks, profile), len(resources.devices))
+    switch_devices, pool_capacity = gpu_sharing_rules(plan, profile, resources)
+    times = schedule(tasks, profile, switch_devices, pool_capacity)
+    return _summary(tasks, times, len(resources.devices), pool_capacity is not None)
 
 
-def _summary(tasks: list[Task], times: dict[str, tuple[float, float]], num_devices: int) -> tuple[float, dict[int, float]]:
+def gpu_sharing_rules(plan: Plan, profile: Profile, resources: Resources) -> tuple[frozenset[int], float | None]:
+    """``(switch_devices, pool_capacity)`` of :func:`schedule` for ``plan``: a ``switch`` plan's
+    GPUs pay the switch cost; an ``overlap`` plan's GPU pool runs ``2 / gpu_contention`` tasks at
+    full speed; neither for a plan without GPU sharing."""
+    if plan.gpu_sharing == GPU_SWITCH:
+        used = {d for devices in plan.placement.values() for d in devices}
+        return frozenset(d for d in used if resources.devices[d].kind == "gpu"), None
+    if plan.gpu_sharing == GPU_OVERLAP:
+        return frozenset(), 2.0 / profile.gpu_contention
+    return frozenset(), None
+
+
+def _summary(tasks: list[Task], times: dict[str, tuple[float, float]], num_devices: int,
+             gpu_pool: bool = False) -> tuple[float, dict[int, float]]:
+    """Makespan and utilization; ``gpu_pool``: the lane tasks run on GPUs (an overlap plan), each
+    busy on all its devices for its ``duration_s``."""
     makespan_s = max((end for _, end in times.values()), default=0.0)
     busy_s = dict.fromkeys(range(num_devices), 0.0)
     for task in tasks:
         if task.kind in ("work", "sync"):
             start_s, end_s = times[task.name]
             # a lane task keeps `threads` cores busy for its duration_s at full speed, however shared
-            share_s = task.duration_s * task.threads / len(task.devices) if task.lane is not None else end_s - start_s
+            if task.lane is None:
+                share_s = end_s - start_s
+            else:
+                share_s = task.duration_s if gpu_pool else task.duration_s * task.threads / len(task.devices)
             for d in task.devices:
                 busy_s[d] += share_s
     return makespan_s, {d: (b / makespan_s if makespan_s > 0 else 0.0) for d, b in busy_s.items()}
@@ -259,6 +295,13 @@ def validate_plan(plan: Plan, profile: Profile, workflow: MacroFlow, resources: 
             raise ValueError(f"a {plan.mode} plan's pool must be CPU cores, got {plan.placement_str()}")
         if plan.lanes > len(cores):
             raise ValueError(f"Plan.lanes={plan.lanes} exceeds the pool's {len(cores)} cores")
+    if plan.gpu_sharing is not None:
+        pool = spec.pool
+        env_gpus = pool and all(resources.devices[d].kind == "gpu" for d in plan.placement[pool[-1]])
+        if not env_gpus:
+            raise ValueError(f"Plan.gpu_sharing={plan.gpu_sharing!r} needs the {workflow.kind} workflow's simulator on GPUs, got {plan.placement_str()}")
+        if plan.gpu_sharing == GPU_OVERLAP and any(plan.placement[c] != plan.placement[pool[0]] for c in pool):
+            raise ValueError(f"an {GPU_OVERLAP} plan places {list(pool)} on the same GPUs, got {plan.placement_str()}")
     for name, devices in plan.placement.items():
         for d in devices:
             if not 0 <= d < len(resources.devices):

@@ -127,8 +127,15 @@ def test_the_gap_to_the_bound_splits_into_parts_none_of_them_negative(seed, kind
         assert gap.lost_device_s == pytest.approx(timeline.makespan_s * bound.devices - sum(bound.work_device_s.values()))
         # whole calls at the most efficient device count are the least work: no plan's calls do less
         assert all(s >= -1e-9 for s in gap.excess_work_device_s.values()), (candidate, gap)
-        assert gap.idle_device_s >= -1e-9 and all(s >= 0 for s in gap.overhead_device_s.values())
-        if bound.limited_by == "work":
+        assert all(s >= 0 for s in gap.overhead_device_s.values())
+        if candidate.gpu_sharing == "overlap":
+            continue  # env and rollout spans overlap on a GPU: "idle" goes negative by their overlap
+        assert gap.idle_device_s >= -1e-9
+        # a GPU simulator's GPUs may do up to 2 / gpu_contention of work per second: the bound
+        # divides by that capacity, not by the devices
+        gpu_simulator = kind == "embodied" and prof["env"].device_kind in (None, "gpu") and any(
+            d.kind == "gpu" for d in resources.devices) and prof.gpu_contention < 2
+        if bound.limited_by == "work" and not gpu_simulator:
             assert gap.lost_device_s / bound.devices == pytest.approx(timeline.makespan_s - bound.iteration_s)
 
 

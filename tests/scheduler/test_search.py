@@ -80,11 +80,25 @@ def brute_force_best_s(workflow, prof, resources, max_chunks):
                 for size in range(len(spec.components) + 1):
                     for offload in combinations(spec.components, size):
                         for microbatch in spec.microbatch_candidates(workflow):
-                            candidate = Plan(mode, placement, k, microbatch, offload, math.nan, lanes)
-                            if memory_violations(candidate, prof, workflow, resources):
-                                continue
-                            best = min(best, predict(candidate, prof, workflow, resources)[0])
+                            for sharing in _gpu_sharings(placement, spec, resources, mode):
+                                candidate = Plan(mode, placement, k, microbatch, offload, math.nan, lanes, sharing)
+                                if memory_violations(candidate, prof, workflow, resources):
+                                    continue
+                                best = min(best, predict(candidate, prof, workflow, resources)[0])
     return best
+
+
+def _gpu_sharings(placement, spec, resources, mode):
+    """Both GPU sharings where the env is on GPUs that hold the rollout (outside the CPU-pool modes),
+    switch where they hold only the trainer, else none."""
+    if "env" not in placement or any(resources.devices[d].kind != "gpu" for d in placement["env"]):
+        return [None]
+    others = [c for c in placement if c != "env" and set(placement[c]) & set(placement["env"])]
+    if not others:
+        return [None]
+    if placement["rollout"] == placement["env"] and mode not in ("shared", "streams"):
+        return ["switch", "overlap"]
+    return ["switch"]
 
 
 @pytest.mark.parametrize("seed", range(16))
@@ -321,3 +335,35 @@ def test_streams_plans_are_validated():
         simulate(Plan("streams", {"env": (0, 1), "rollout": (0, 1), "trainer": (0, 1)}, 3, None, (), math.nan, lanes=3),
                  profile(component("env"), component("rollout"), component("trainer")),
                  MacroFlow.embodied(num_envs=3, rollout_steps=1), Resources.cpu_cores(2, 8.0))
+
+
+# ------------------------------------------------------------------ a GPU simulator sharing its GPU
+
+
+def _gpu_sim(switch_s, contention):
+    prof = profile(component("env", per_item_s=0.5, device_kind="gpu"),
+                   component("rollout", per_item_s=0.5, device_kind="gpu"),
+                   component("trainer", fixed_s=1.0, device_kind="gpu"))
+    return dataclasses.replace(prof, gpu_switch_s=switch_s, gpu_contention=contention)
+
+
+@pytest.mark.parametrize("switch_s, contention, chosen, predicted_s", [
+    (0.1, 1.5, "overlap", 3.5),   # the hand-computed timelines of test_simulate: 3.5 s vs 4.5 s
+    (0.0, 2.0, "switch", 4.0),    # no gain from overlapping: the tie goes to the simpler switch
+    (0.0, 1.9, "overlap", 3.9),   # overlap 0.5 + 2 x 0.95 + 0.5 + 1 = 3.9 beats switch's 4.0
+])
+def test_the_planner_chooses_how_a_gpu_simulator_shares_its_gpu_from_the_profile(switch_s, contention, chosen, predicted_s):
+    workflow = MacroFlow.embodied(num_envs=2, rollout_steps=1, train_epochs=1)
+    result = plan(workflow, _gpu_sim(switch_s, contention), Resources.gpus(1, 80.0), force_chunks=2)
+    assert {p.gpu_sharing for p, _ in result.candidates} == {"switch", "overlap"}
+    assert result.best.gpu_sharing == chosen
+    assert result.best.predicted_iteration_s == pytest.approx(predicted_s)
+    assert f"gpu={chosen}" in result.format_table()
+
+
+def test_cpu_plans_have_no_gpu_sharing():
+    workflow = MacroFlow.embodied(num_envs=2, rollout_steps=1, train_epochs=1)
+    prof = _gpu_sim(0.1, 1.5)
+    prof = dataclasses.replace(prof, components={n: dataclasses.replace(c, device_kind=None) for n, c in prof.components.items()})
+    result = plan(workflow, prof, Resources.cpu_cores(2, 16.0))
+    assert all(p.gpu_sharing is None for p, _ in result.candidates)

@@ -1,6 +1,8 @@
 """The simulator against hand-computed timelines, and its invariants on seeded random plans."""
 
+import dataclasses
 import math
+from dataclasses import replace
 import random
 
 import pytest
@@ -411,3 +413,58 @@ def test_shared_plans_are_validated():
         simulate(Plan("shared", {"rollout": (0, 1), "reward": (0, 1), "trainer": (0, 1)}, 2, None, (), NAN, lanes=2),
                  profile(component("rollout"), component("reward"), component("trainer")), reasoning,
                  Resources.cpu_cores(2, 8.0))
+
+
+# ------------------------------------------------------------------ a GPU simulator sharing its GPU
+
+
+def _gpu_sim_profile(switch_s: float, contention: float):
+    # 2 envs in 2 chunks of 1, one step: env and rollout take 0.5 s per call, the trainer 1 s.
+    prof = profile(component("env", per_item_s=0.5), component("rollout", per_item_s=0.5),
+                   component("trainer", fixed_s=1.0))
+    return replace(prof, gpu_switch_s=switch_s, gpu_contention=contention)
+
+
+ONE_GPU = {"env": (0,), "rollout": (0,), "trainer": (0,)}
+GPU_SIM_FLOW = MacroFlow.embodied(num_envs=2, rollout_steps=1, train_epochs=1)
+
+
+def test_switch_runs_one_task_at_a_time_and_pays_each_change_of_component():
+    # Static order on GPU 0: rollout t0 c0, env t0 c0, rollout t0 c1, env t0 c1, rollout t1 c0,
+    # rollout t1 c1, trainer. Every change of component waits 0.1 s; rollout t1 c1 follows a rollout.
+    plan = Plan("colocated", ONE_GPU, 2, None, (), NAN, gpu_sharing="switch")
+    timeline = simulate(plan, _gpu_sim_profile(0.1, 1.5), GPU_SIM_FLOW, Resources.gpus(1, 80.0))
+    times = _times(timeline)
+    expected = {
+        "rollout t0 c0": (0.0, 0.5), "env t0 c0": (0.6, 1.1), "rollout t0 c1": (1.2, 1.7),
+        "env t0 c1": (1.8, 2.3), "rollout t1 c0": (2.4, 2.9), "rollout t1 c1": (2.9, 3.4),
+        "trainer epoch 0": (3.5, 4.5),
+    }
+    for label, (start_s, end_s) in expected.items():
+        assert times[label] == pytest.approx((start_s, end_s)), label
+    assert timeline.makespan_s == pytest.approx(4.5)
+
+
+def test_overlap_runs_env_and_rollout_side_by_side_slowed_by_contention():
+    # rollout t0 c0 alone 0-0.5; then env t0 c0 and rollout t0 c1 together, each at 1/1.5 speed:
+    # 0.5 s of work in 0.75 s (to 1.25); then env t0 c1 and rollout t1 c0 together (to 2.0); then
+    # rollout t1 c1 alone (to 2.5); the trainer after the pool: 2.5-3.5. No switch cost.
+    plan = Plan("colocated", ONE_GPU, 2, None, (), NAN, gpu_sharing="overlap")
+    timeline = simulate(plan, _gpu_sim_profile(0.1, 1.5), GPU_SIM_FLOW, Resources.gpus(1, 80.0))
+    times = _times(timeline)
+    expected = {
+        "rollout t0 c0": (0.0, 0.5), "env t0 c0": (0.5, 1.25), "rollout t0 c1": (0.5, 1.25),
+        "env t0 c1": (1.25, 2.0), "rollout t1 c0": (1.25, 2.0), "rollout t1 c1": (2.0, 2.5),
+        "trainer epoch 0": (2.5, 3.5),
+    }
+    for label, (start_s, end_s) in expected.items():
+        assert times[label] == pytest.approx((start_s, end_s)), label
+    assert timeline.makespan_s == pytest.approx(3.5)
+
+
+def test_cpu_plans_pay_no_switch_cost():
+    cores = Resources.cpu_cores(1, 16.0)
+    plan = Plan("colocated", ONE_GPU, 2, None, (), NAN)
+    assert simulate(plan, _gpu_sim_profile(0.1, 1.5), GPU_SIM_FLOW, cores).makespan_s == pytest.approx(4.0)
+    with pytest.raises(ValueError, match="gpu_sharing"):
+        simulate(dataclasses.replace(plan, gpu_sharing="switch"), _gpu_sim_profile(0.1, 1.5), GPU_SIM_FLOW, cores)
