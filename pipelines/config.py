@@ -110,6 +110,11 @@ class WorkersConfig:
     """Device of rollout inference and of evaluation: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``."""
     trainer_device: str = "cpu"
     """Device of the trainer: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``."""
+    env_device: str = "auto"
+    """Device the env's simulator runs on: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (a batched
+    simulator's own ``env.kwargs.device``, whose ``auto`` is a GPU where CUDA is available; any
+    other backend: CPU). On CUDA the planner costs the env as a GPU component sharing the GPU
+    with the rollout and trainer, and each env rank reserves its GPU (a share when colocated)."""
     env_resources: dict[str, float] = field(default_factory=dict)
     """Custom Ray resources each env rank asks for, e.g. ``{node_env: 1}`` to run env workers only
     on nodes started with ``ray start --resources='{"node_env": 4}'`` (see docs/cluster.md)."""
@@ -131,7 +136,7 @@ class WorkersConfig:
                                 f"keys of their own: workers.*_cpus, workers.*_device); got {bad}")
         problems += [f"workers.{k} must be >= 1 (got {getattr(self, k)})"
                      for k in ("rollout_threads", "trainer_threads") if getattr(self, k) < 1]
-        for k in ("rollout_device", "trainer_device"):
+        for k in ("rollout_device", "trainer_device", "env_device"):
             v = getattr(self, k)
             if v not in ("cpu", "cuda", "auto") and not (v.startswith("cuda:") and v[5:].isdigit()):
                 problems.append(f"workers.{k} must be cpu, cuda, cuda:N or auto (got {v!r})")

@@ -15,6 +15,7 @@ from pathlib import Path
 from embodied.errors import UserError
 from embodied.runtime import Cluster
 from pipelines.cli import build_train_config, register_command
+from pipelines.layout import Machine, NodeSpec
 from pipelines.learn import describe_provenance
 from pipelines.workflow import WORKFLOWS
 from scheduler import Bound, GapToBound, PlanningError, gap_to_bound, sequential_plan, simulate
@@ -38,12 +39,25 @@ def cmd_plan(args: list[str]) -> int:
     parser.add_argument("--out", default=None, help="timeline PNG (default: RUN/plan.png of an existing run dir, "
                         "else runs/plans/<recipe>.png)")
     parser.add_argument("--json", default=None, help="also write the plan, candidates and profile as JSON")
+    parser.add_argument("--gpus", type=int, default=None, help="plan for this machine's cores and N GPUs, present "
+                        "or not (the costs are measured on what this machine has: its CPUs where it has no GPU)")
+    parser.add_argument("--gpu-gib", type=float, default=80.0, help="memory of each --gpus GPU (default 80)")
     flags, rest = parser.parse_known_args(args)
     cfg = build_train_config(rest)
-    flow = WORKFLOWS.get(cfg.workflow).build(cfg)
+    spec = WORKFLOWS.get(cfg.workflow)
+    flow = spec.build(cfg)
+    if not flow.has_cost_model():
+        raise UserError(f"embodied plan has nothing to show for {cfg.recipe}: its workflow ({cfg.workflow}) has no cost "
+                        "model, so it is never planned; it runs on a fixed layout (every component on every core, "
+                        "plan.chunks chunks), and embodied train runs it as it is. Plan an on-policy recipe instead "
+                        "(embodied plan mjx_reacher_ppo, for one).")
     flow.preflight()
+    measured_on = flow
+    if flags.gpus is not None:
+        flow.machine_ = described_machine(cfg, flags.gpus, flags.gpu_gib)
+        measured_on = spec.build(measurable_config(cfg))
     with Cluster(cfg.cluster) as cluster:
-        profile = flow.profile(cluster, force=flags.profile or cfg.plan.reprofile, log=print)
+        profile = measured_on.profile(cluster, force=flags.profile or cfg.plan.reprofile, log=print)
     try:
         result = flow.plan(profile)
     except PlanningError as err:
@@ -53,7 +67,9 @@ def cmd_plan(args: list[str]) -> int:
     baseline = sequential_plan(workflow, resources, profile)
     base_timeline = simulate(baseline, profile, workflow, resources)
     best = result.best
-    print(f"workflow: {flow.describe()}; {len(resources)} {resources.devices[0].kind} devices")
+    kinds = [d.kind for d in resources.devices]
+    print(f"workflow: {flow.describe()}; " + " + ".join(f"{kinds.count(k)} {k} devices" for k in dict.fromkeys(kinds))
+          + (" (described: --gpus)" if flags.gpus is not None else ""))
     print(result.format_table(limit=12))
     speedup = baseline.predicted_iteration_s / best.predicted_iteration_s
     print(f"\nchosen: {best.mode}, {best.num_chunks} chunk(s), placement "
@@ -78,6 +94,30 @@ def cmd_plan(args: list[str]) -> int:
             "candidates": [dict(zip(("mode", "chunks", "placement", "predicted_s", "mean_utilization"), row)) for row in result.table()],
         }, indent=2))
     return 0
+
+
+def described_machine(cfg, gpus: int, gpu_gib: float = 80.0) -> Machine:
+    """A machine to plan for without its hardware (``embodied plan --gpus N``): this machine's CPU
+    cores (``cluster.num_cpus``) and ``gpus`` GPUs of ``gpu_gib`` GiB each, on one node."""
+    if gpus < 0:
+        raise UserError(f"--gpus must be >= 0, got {gpus}.")
+    local = Machine.local_cpus(cfg.cluster.num_cpus)
+    if gpus == 0:
+        return local
+    return Machine.of_nodes([NodeSpec(None, "node0", len(local.resources), gpus, local.resources.devices[0].memory_gib, gpu_gib)])
+
+
+def measurable_config(cfg):
+    """``cfg`` with every ``workers.*_device`` on CUDA moved to the CPU where this machine has no
+    GPU (``--gpus``: the profile is measured on what is here, and planned for what is described)."""
+    import dataclasses
+
+    import torch
+
+    if torch.cuda.is_available():
+        return cfg
+    moved = {k: "cpu" for k in ("rollout_device", "trainer_device", "env_device") if getattr(cfg.workers, k) != "cpu"}
+    return dataclasses.replace(cfg, workers=dataclasses.replace(cfg.workers, **moved))
 
 
 def default_plot_path(cfg) -> Path:

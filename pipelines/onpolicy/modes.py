@@ -60,15 +60,33 @@ def offloads(cfg: EmbodiedConfig, component: str, layout: Layout) -> bool:
     return component in (forced if forced is not None else layout.plan.offload)
 
 
+def simulator_device(cfg: EmbodiedConfig) -> str:
+    """The device the env's simulator runs on (``workers.env_device``): the configured one, or with
+    ``auto`` a batched simulator's own ``env.kwargs.device`` (its ``auto``: CUDA where torch sees
+    a GPU), else the CPU. A ``cuda`` answer makes the env a GPU component for the planner and Ray."""
+    configured = cfg.workers.env_device
+    if configured != "auto":
+        return configured
+    if cfg.env.backend != "batched":
+        return "cpu"
+    own = str(cfg.env.kwargs.get("device", "auto"))
+    if own == "auto":
+        import torch  # only to ask whether a GPU is there
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return own
+
+
 def rank_resources(cfg: EmbodiedConfig, component: str, layout: Layout, split: bool = False) -> list[RankResources]:
     """What each rank of ``component`` reserves from Ray: its CPUs, its GPUs (the layout's
-    share, or one whole GPU that Ray picks for a CUDA worker outside a GPU plan), custom
+    share, or one whole GPU that Ray picks for a CUDA worker outside a GPU plan; the env's on
+    the device its simulator runs on, :func:`simulator_device`), custom
     resources, its node (unless custom resources choose the nodes), thread variables. ``split``:
     the ranks are ones a plan sets (a shared plan's lanes, a streams plan's env and rollout
     ranks), which split their component's ``workers.<component>_cpus`` between them."""
     w = cfg.workers
     cpus = {"env": w.env_cpus, "rollout": w.rollout_cpus, "trainer": w.trainer_cpus}[component]
-    device = {"env": "cpu", "rollout": w.rollout_device, "trainer": w.trainer_device}[component]
+    device = {"env": simulator_device(cfg), "rollout": w.rollout_device, "trainer": w.trainer_device}[component]
     custom = {"env": w.env_resources, "rollout": w.rollout_resources, "trainer": w.trainer_resources}[component]
     threads = w.trainer_threads if component == "trainer" else w.rollout_threads
     if split:

@@ -24,7 +24,7 @@ from embodied.runtime import Cluster
 from pipelines.collect import resolve_device
 from pipelines.config import EmbodiedConfig
 from pipelines.layout import Machine, NodeSpec
-from pipelines.onpolicy.modes import RUN_MODES, simulated_walls
+from pipelines.onpolicy.modes import RUN_MODES, simulated_walls, simulator_device
 from pipelines.workflow import Layout, cpu_resources
 from scheduler import (
     MODES,
@@ -80,12 +80,13 @@ def machine_of(cfg: EmbodiedConfig, cluster: Cluster) -> Machine:
     """The devices a run plans on: this machine's CPU cores; on a cluster of several nodes (or
     with a worker on CUDA) every node's cores and GPUs, each device tagged with its node."""
     nodes = cluster.nodes()
-    cuda = any(resolve_device(d).type == "cuda" for d in (cfg.workers.rollout_device, cfg.workers.trainer_device))
+    devices = {"rollout_device": cfg.workers.rollout_device, "trainer_device": cfg.workers.trainer_device,
+               "env_device": simulator_device(cfg)}
+    cuda = any(resolve_device(d).type == "cuda" for d in devices.values())
     if len(nodes) <= 1 and not cuda:
         return Machine.local_cpus(cfg.cluster.num_cpus)
     if cuda and not any(node.gpus for node in nodes):
-        asked = ", ".join(f"workers.{k}={getattr(cfg.workers, k)}" for k in ("rollout_device", "trainer_device")
-                          if resolve_device(getattr(cfg.workers, k)).type == "cuda")
+        asked = ", ".join(f"workers.{k}={d}" for k, d in devices.items() if resolve_device(d).type == "cuda")
         raise UserError(f"{asked}, but the cluster has no GPU (Ray sees none on its {len(nodes)} node(s)). Use cpu or "
                         "auto, or start the run on a machine (or a Ray cluster) with CUDA GPUs.")
     gpu_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 80.0
@@ -165,9 +166,10 @@ def runnable_modes(cfg: EmbodiedConfig, multi_node: bool = False) -> tuple[str, 
 
 def with_device_kinds(cfg: EmbodiedConfig, profile: Profile) -> Profile:
     """``profile`` with each component bound to the kind of device it runs on: the rollout and
-    the trainer to their configured devices, the env to CPU cores (a batched simulator: any)."""
+    the trainer to their configured devices, the env to the device its simulator runs on
+    (:func:`~pipelines.onpolicy.modes.simulator_device`: a GPU simulator is a GPU component)."""
     kinds = {
-        "env": None if cfg.env.backend == "batched" else "cpu",
+        "env": "gpu" if resolve_device(simulator_device(cfg)).type == "cuda" else "cpu",
         "rollout": "gpu" if resolve_device(cfg.workers.rollout_device).type == "cuda" else "cpu",
         "trainer": "gpu" if resolve_device(cfg.workers.trainer_device).type == "cuda" else "cpu",
     }

@@ -89,3 +89,20 @@ def test_capacity_is_checked_only_where_reservations_are():
 
 def test_a_local_rays_capacity_is_what_it_was_started_with(ray_cluster):
     assert capacity_of(ray_cluster) == {"CPU": 4.0, "GPU": ray_cluster.num_gpus}
+
+
+def test_an_env_on_cuda_reserves_a_share_of_the_gpu_it_shares():
+    """``workers.env_device=cuda``: colocated with the rollout and trainer on one GPU, the env rank
+    reserves a share of it (the three fit in the one GPU); on the CPU it reserves none."""
+    from pipelines.layout import Machine, NodeSpec
+
+    gpu_plan = {"env": (0,), "rollout": (0,), "trainer": (0,)}
+    devices = ("workers.env_device=cuda", "workers.rollout_device=cuda", "workers.trainer_device=cuda")
+    workflow = EmbodiedWorkflow(_cfg(*devices))
+    workflow.machine_ = Machine.of_nodes([NodeSpec(None, "node0", 2, 1)])
+    assert workflow.resources().devices[0].kind == "gpu"
+    gpus = {g: [r.num_gpus for r in ranks]
+            for g, ranks in requests(workflow.cfg, workflow.layout_of(Plan("colocated", gpu_plan, 2, None, (), 1.0, gpu_sharing="overlap"))).items()}
+    assert gpus["env"][0] > 0 and sum(sum(v) for v in gpus.values()) <= 1.0 + 1e-9
+    cpu = EmbodiedWorkflow(_cfg("workers.env_device=cpu"))
+    assert [r.num_gpus for r in requests(cpu.cfg, cpu.layout_of(Plan("colocated", POOL, 2, None, (), 1.0)))["env"]] == [0.0]

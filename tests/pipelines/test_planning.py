@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -332,3 +333,52 @@ def test_a_cuda_worker_on_a_cluster_without_gpus_is_a_user_error():
         with pytest.raises(UserError, match="workers.trainer_device=cuda, but the cluster has no GPU"):
             machine_of(cfg, cluster)
         assert len(machine_of(_cfg("cluster.backend=local"), cluster).resources) >= 1  # CPU workers plan as before
+
+
+# ------------------------------------------------------------------ a GPU simulator (MJX, ManiSkill on CUDA)
+
+
+GPU_SIM_PROFILE = Profile({
+    "env": ComponentProfile("env", CostModel(0.002, 0.0001, 1.0), memory_gib=2.0),
+    "rollout": ComponentProfile("rollout", CostModel(0.001, 0.00005, 1.0), memory_gib=1.0),
+    "trainer": ComponentProfile("trainer", CostModel(0.01, 0.00001, 1.0), memory_gib=4.0),
+}, gpu_switch_s=0.0005, gpu_contention=1.5)
+
+
+def test_the_env_is_costed_on_the_device_its_simulator_runs_on():
+    from pipelines.onpolicy.modes import simulator_device
+    from pipelines.onpolicy.planning import with_device_kinds
+
+    kinds = lambda cfg: with_device_kinds(cfg, GPU_SIM_PROFILE)["env"].device_kind  # noqa: E731
+    assert kinds(_cfg("workers.env_device=cuda")) == "gpu"
+    assert kinds(_cfg("workers.env_device=cpu")) == "cpu"
+    assert kinds(_cfg()) == "cpu"  # auto, not a batched simulator: the CPU
+    assert simulator_device(_cfg("env.backend=batched", "env.kwargs={device: cuda:1}")) == "cuda:1"  # the adapter's own device
+    assert simulator_device(_cfg("env.backend=batched", "env.kwargs={device: cpu}", "workers.env_device=cuda")) == "cuda"
+
+
+def test_planning_for_a_described_one_gpu_machine_offers_both_ways_of_sharing_it():
+    """``embodied plan ... --gpus 1`` on a machine without a GPU: env, rollout and trainer on the
+    one GPU, each chunk count planned with the simulator switching with the others and overlapping
+    the rollout; the profile's contention and switch cost choose."""
+    from pipelines.onpolicy.planning import plan_embodied
+    from pipelines.plan_cli import described_machine
+
+    cfg = _cfg("workers.env_device=cuda", "workers.rollout_device=cuda", "workers.trainer_device=cuda")
+    machine = described_machine(cfg, 1, 24.0)
+    assert [d.kind for d in machine.resources.devices].count("gpu") == 1
+    result = plan_embodied(cfg, GPU_SIM_PROFILE, machine.resources)
+    gpu = next(i for i, d in enumerate(machine.resources.devices) if d.kind == "gpu")
+    assert all(p.placement["env"] == (gpu,) for p, _ in result.candidates)
+    assert {p.gpu_sharing for p, _ in result.candidates} == {"switch", "overlap"}
+    assert "gpu=overlap" in result.format_table(limit=None) and "gpu=switch" in result.format_table(limit=None)
+    slow_overlap = plan_embodied(cfg, dataclasses.replace(GPU_SIM_PROFILE, gpu_contention=2.0, gpu_switch_s=0.0), machine.resources)
+    assert slow_overlap.best.gpu_sharing == "switch"  # overlapping gains nothing: the simpler way
+
+
+def test_embodied_plan_of_a_workflow_without_a_cost_model_says_it_runs_on_a_fixed_layout():
+    from pipelines.plan_cli import cmd_plan
+
+    with pytest.raises(UserError, match="no cost model.*fixed layout") as err:
+        cmd_plan(["maniskill_pushcube_sac"])
+    assert err.value.exit_code == 2
