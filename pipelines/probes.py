@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,6 +42,7 @@ from pipelines.collect import EnvOutput, TrajectoryRecorder, env_output, resolve
 from pipelines.config import EmbodiedConfig
 from pipelines.onpolicy.chunks import Pinning
 from pipelines.onpolicy.workers import RolloutWorker
+from pipelines.onpolicy.modes import simulator_device
 from pipelines.onpolicy.planning import macro_flow_of, resources_of
 from policies.registry import build_policy
 from embodied.runtime.weights import WeightSyncer
@@ -108,6 +110,32 @@ class ShapeMeasurement:
     outputs: list[EnvOutput] = dataclasses.field(default_factory=list)
     """What the env sent its rollout after each step of this shape (one process shapes only): the
     rollout probe records its decisions from these, as the rollout worker does."""
+    device_memory_gib: float = 0.0
+    """Peak GPU memory the env held while it was built and stepped (a simulator on CUDA: torch's
+    and JAX's allocators on its device); 0 for a simulator on the CPU."""
+
+
+def simulator_memory_gib(device: str) -> float:
+    """Peak GiB allocated on ``device`` since :func:`reset_simulator_memory`: torch's allocator
+    (ManiSkill on CUDA, a batched adapter's buffers) plus JAX's where JAX is loaded (MJX); 0 on
+    the CPU. JAX's preallocated pool is not counted, only what its arrays hold at the peak."""
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return 0.0
+    index = torch.device(device).index or 0
+    peak = torch.cuda.max_memory_allocated(index)
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        for d in jax.devices():
+            if d.platform == "gpu" and d.id == index:
+                peak += (d.memory_stats() or {}).get("peak_bytes_in_use", 0)
+    return peak / 2**30
+
+
+def reset_simulator_memory(device: str) -> None:
+    """Start :func:`simulator_memory_gib`'s peak from what is allocated now (torch's; JAX keeps
+    its own peak, which a new env process starts from zero)."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats(torch.device(device).index or 0)
 
 
 @contextmanager
@@ -143,7 +171,10 @@ class EnvProbe:
         # processes block (what the prediction must cost).
         env_cfg = dataclasses.replace(cfg.env, num_envs=b, num_procs=procs, worker_spin_us=0)
         with pinned_to(cores or procs):
-            return self._measure(env_cfg, b, procs)
+            device = simulator_device(cfg)
+            reset_simulator_memory(device)
+            measured = self._measure(env_cfg, b, procs)
+            return dataclasses.replace(measured, device_memory_gib=simulator_memory_gib(device))
 
     def _measure(self, env_cfg: Any, b: int, procs: int) -> ShapeMeasurement:
         cfg = self.cfg
@@ -236,7 +267,7 @@ class EnvProbeWorker(Worker, EnvReplay, Echo):
 def probe_env(
     cfg: EmbodiedConfig, cores: int, log: Callable[[str], None] = print,
     measure: Callable[[int, int, int], ShapeMeasurement] | None = None,
-) -> tuple[Probe, dict[str, np.ndarray], Any, Any, Any]:
+) -> tuple[Probe, dict[str, np.ndarray], Any, Any, Any, list[EnvOutput], tuple[float, float]]:
     """Time one VecEnv.step at chunk sizes N, N/2, N/4 (one process, one core) and N over all cores.
 
     The env probe of ``profile_embodied``, usable on its own. With ``N = cfg.env.num_envs``, each
@@ -255,11 +286,13 @@ def probe_env(
     ``measure(batch, processes, cores)`` measures one shape (default: :meth:`EnvProbe.measure` in
     this process; ``profile_embodied`` runs it in an :class:`EnvProbeWorker`).
 
-    Returns ``(probe, obs, observation_space, action_space, policy, outputs)``: the ``Probe("env")``,
+    Returns ``(probe, obs, observation_space, action_space, policy, outputs, memory)``: the ``Probe("env")``,
     the reset observation of the first (smallest) probed batch (instructions included,
     ``(ceil(N/4), ...)`` per key), the env's spaces, an inference-mode policy built from
     ``cfg.policy``, and the env outputs of the largest one-process one-core batch in step order
-    (what :func:`_probe_rollout` records from). ``log`` receives one line per probed shape.
+    (what :func:`_probe_rollout` records from), and ``(memory_gib, memory_per_item_gib)`` of a
+    simulator on a GPU (:func:`env_memory_gib`; zeros on the CPU). ``log`` receives one line per
+    probed shape.
     """
     measure = measure or EnvProbe(cfg).measure
     probe = Probe("env")
@@ -269,8 +302,10 @@ def probe_env(
     outputs: list[EnvOutput] = []
     unit = "step" if cfg.policy.action_chunk == 1 else "chunk"
     m: ShapeMeasurement | None = None
+    memory: list[tuple[int, float]] = []  # (batch, peak GPU GiB) of each one-process shape
     for b in _probe_sizes(n):  # one process on one core, growing batches
         m = measure(b, 1, 1)
+        memory.append((b, m.device_memory_gib))
         if obs_sample is None:
             obs_sample, obs_space, action_space = m.obs, m.observation_space, m.action_space
             policy = build_policy(cfg.policy, obs_space, action_space).eval()
@@ -283,7 +318,17 @@ def probe_env(
         procs = spread if m.multiprocess else 1
         probe.add(n, spread, measure(n, procs, spread).seconds)
         log(f"  env     batch {n:>4} on {spread} core(s), {procs} process(es): {probe.samples[-1][2] * 1e3:8.2f} ms/{unit}")
-    return probe, obs_sample, obs_space, action_space, policy, outputs
+    return probe, obs_sample, obs_space, action_space, policy, outputs, env_memory_gib(memory)
+
+
+def env_memory_gib(samples: list[tuple[int, float]]) -> tuple[float, float]:
+    """``(memory_gib, memory_per_item_gib)`` of the env from ``(batch, peak GiB)`` samples: the
+    per-env slope between the smallest and the largest batch (never negative), the rest static."""
+    if not samples or all(gib <= 0 for _, gib in samples):
+        return 0.0, 0.0
+    (b0, m0), (b1, m1) = min(samples), max(samples)
+    per_item = max(0.0, (m1 - m0) / (b1 - b0)) if b1 > b0 else 0.0
+    return max(0.0, m1 - per_item * b1), per_item
 
 
 def env_probe_group(cfg: EmbodiedConfig, cluster: Cluster) -> WorkerGroup:
@@ -293,7 +338,7 @@ def env_probe_group(cfg: EmbodiedConfig, cluster: Cluster) -> WorkerGroup:
     return WorkerGroup(cluster, EnvProbeWorker, 1, cfg, name="profile-env", resources=RankResources(0.01, env_vars=threads))
 
 
-def _probe_env_in_a_worker(cfg: EmbodiedConfig, group: WorkerGroup, cores: int, log) -> tuple[Probe, Any, Any, Any, Any, list[EnvOutput]]:
+def _probe_env_in_a_worker(cfg: EmbodiedConfig, group: WorkerGroup, cores: int, log) -> tuple[Probe, Any, Any, Any, Any, list[EnvOutput], tuple[float, float]]:
     """:func:`probe_env` with every shape measured in ``group``'s :class:`EnvProbeWorker` (Ray
     backend): each call waits at most ``cluster.timeout_s``, so an env that hangs while being
     profiled ends the run with a timeout naming the env and the key."""
@@ -653,10 +698,10 @@ def profile_embodied(cfg: EmbodiedConfig, cluster: Cluster, force: bool = False,
         if cluster.backend == "ray":  # a hanging env is a timeout of the worker, not a hanging driver
             progress.next(f"{shapes}, in a worker process it starts")
             groups.append(env_probe_group(cfg, cluster))
-            env_probe, obs, obs_space, action_space, policy, outputs = _probe_env_in_a_worker(cfg, groups[0], cores, log)
+            env_probe, obs, obs_space, action_space, policy, outputs, env_gib = _probe_env_in_a_worker(cfg, groups[0], cores, log)
         else:
             progress.next(shapes)
-            env_probe, obs, obs_space, action_space, policy, outputs = probe_env(cfg, cores, log)
+            env_probe, obs, obs_space, action_space, policy, outputs, env_gib = probe_env(cfg, cores, log)
         if cluster.backend == "ray" and rollout_on_cpu:  # what the rollout pays in a worker process, channels included
             progress.next("in a worker process it starts")
             groups.append(rollout_probe_group(cfg, cluster, obs_space, action_space))
@@ -685,7 +730,9 @@ def profile_embodied(cfg: EmbodiedConfig, cluster: Cluster, force: bool = False,
     components = {
         # an env that gains less than MIN_THREAD_SCALING from more cores (one process whose helper
         # threads barely use a second core, or noise) is priced at one core's cost, whatever it gets
-        "env": ComponentProfile("env", fit_threads(env_probe), memory_gib=0.0, output_mib_per_item=obs_mib),
+        # a simulator on a GPU holds its state there (0 on the CPU: the per-core check leaves it out)
+        "env": ComponentProfile("env", fit_threads(env_probe), memory_gib=env_gib[0], memory_per_item_gib=env_gib[1],
+                                output_mib_per_item=obs_mib),
         "rollout": ComponentProfile(
             "rollout", fit_threads(rollout_probe), memory_gib=weights_mib / 1024,
             output_mib_per_item=action_mib, weights_mib=weights_mib,

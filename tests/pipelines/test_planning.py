@@ -382,3 +382,12 @@ def test_embodied_plan_of_a_workflow_without_a_cost_model_says_it_runs_on_a_fixe
     with pytest.raises(UserError, match="no cost model.*fixed layout") as err:
         cmd_plan(["maniskill_pushcube_sac"])
     assert err.value.exit_code == 2
+
+
+def test_a_gpu_simulators_memory_is_its_state_per_env_plus_the_rest():
+    from pipelines.probes import env_memory_gib, simulator_memory_gib
+
+    # peaks of 1.5 GiB at 16 envs and 3 GiB at 64: 1/32 GiB per env, 1 GiB static
+    assert env_memory_gib([(16, 1.5), (32, 2.0), (64, 3.0)]) == pytest.approx((1.0, 1 / 32))
+    assert env_memory_gib([(16, 0.0), (64, 0.0)]) == (0.0, 0.0)  # a simulator on the CPU
+    assert simulator_memory_gib("cpu") == 0.0
