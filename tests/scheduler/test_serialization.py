@@ -71,3 +71,17 @@ def test_from_dict_names_wrong_keys():
         MacroFlow.from_dict({"kind": "robotics"})
     with pytest.raises(ValueError, match="does not use num_envs"):
         MacroFlow("reasoning", num_envs=4, num_prompts=2, group_size=2)
+
+
+def test_gpu_sharing_round_trips_in_plans_and_profiles_and_older_ones_read_as_none():
+    one_gpu = {"env": (0,), "rollout": (0,), "trainer": (0,)}
+    overlap = Plan("colocated", one_gpu, 2, None, (), 1.0, gpu_sharing="overlap")
+    assert Plan.from_dict(json.loads(json.dumps(overlap.to_dict()))) == overlap
+    older = {k: v for k, v in overlap.to_dict().items() if k != "gpu_sharing"}
+    assert Plan.from_dict(older).gpu_sharing is None
+    prof = Profile({"env": ComponentProfile("env", CostModel(0.0, 0.1, 1.0))}, gpu_switch_s=0.002, gpu_contention=1.2)
+    assert Profile.from_dict(json.loads(json.dumps(prof.to_dict()))) == prof
+    with pytest.raises(ValueError, match="gpu_contention"):
+        Profile({}, gpu_contention=2.5)
+    with pytest.raises(ValueError, match="gpu_sharing"):
+        Plan("colocated", one_gpu, 1, None, (), 1.0, gpu_sharing="both")
