@@ -244,9 +244,10 @@ def test_env_probe_lets_the_policy_infer_between_timed_steps(tmp_path, monkeypat
     """As in the pipeline, each probed env step is followed by the policy's inference on its
     observation (untimed), so env processes are timed waking from the idle the rollout leaves."""
     import pipelines.probes as probes
+    import pipelines.probes.env as env_probes
 
     acts: list[int] = []
-    real_build = probes.build_policy
+    real_build = env_probes.build_policy
 
     def counting_build(*args, **kwargs):
         policy = real_build(*args, **kwargs)
@@ -259,7 +260,7 @@ def test_env_probe_lets_the_policy_infer_between_timed_steps(tmp_path, monkeypat
         policy.act = counted
         return policy
 
-    monkeypatch.setattr(probes, "build_policy", counting_build)
+    monkeypatch.setattr(env_probes, "build_policy", counting_build)  # where the env probe looks it up
     probe, *_ = probes.probe_env(_cfg(), cores=1, log=lambda *_: None)
     per_shape = probes.ENV_PROBE_WARMUP + probes.ENV_PROBE_REPEATS
     sizes = [b for b, _, _ in probe.samples]
@@ -294,9 +295,10 @@ def test_env_probe_pins_each_shape_to_the_cores_it_prices(monkeypatch):
     one-core shape is stepped pinned to one core, the all-cores shape (one process here) to two,
     and the probe's process gets its cores back afterwards."""
     import pipelines.probes as probes
+    import pipelines.probes.env as env_probes
 
     seen: list[tuple[int, int]] = []
-    real_make = probes.make_vec_env
+    real_make = env_probes.make_vec_env
 
     def recording_make(env_cfg, seed=None):
         env = real_make(env_cfg, seed=seed)
@@ -309,7 +311,7 @@ def test_env_probe_pins_each_shape_to_the_cores_it_prices(monkeypatch):
         env.step = pinned_step
         return env
 
-    monkeypatch.setattr(probes, "make_vec_env", recording_make)
+    monkeypatch.setattr(env_probes, "make_vec_env", recording_make)  # where the env probe looks it up
     before = os.sched_getaffinity(0)
     probe, *_ = probes.probe_env(_cfg(), cores=2, log=lambda *_: None)
     assert [(b, devices) for b, devices, _ in probe.samples] == [(2, 1), (4, 1), (8, 1), (8, 2)]
