@@ -90,7 +90,7 @@ def chunk_choices(cfg: ReasoningConfig) -> list[int]:
 
 def plan_reasoning(cfg: ReasoningConfig, profile: Profile) -> PlanResult:
     """The planner's ranked candidates over :func:`chunk_choices` (``plan.mode`` restricts the
-    modes); the simplest plan within 2% of the fastest wins (:func:`pipelines.probes.prefer_simple`)."""
+    modes); the simplest plan within 2% of the fastest wins (:func:`pipelines.onpolicy.planning.prefer_simple`)."""
     workflow, resources = macro_flow_of(cfg), resources_of(cfg)
     mode = None if cfg.plan.mode == "auto" else cfg.plan.mode
     results, errors = [], []
