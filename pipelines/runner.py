@@ -309,18 +309,7 @@ class Runner:
                 self.checkpoint(wall_s)
                 self.stopping_allowed = False  # a signal now ends the final evaluation at once
                 final_eval = {} if self.stop_signal is not None else self.final_evaluation()
-                interrupted = self.stop_signal is not None
-                summary = {
-                    "recipe": cfg.recipe,
-                    "iterations": self.iteration,
-                    "env_steps": self.steps,
-                    "wall_s": wall_s,
-                    **{key: last.get(key) for _, key in self.workflow.headline},
-                    self.workflow.throughput_metric: self.mean_throughput(),
-                    **final_eval,
-                }
-                if interrupted:
-                    summary["interrupted"] = signal.Signals(self.stop_signal).name
+                summary = self.summary(last, wall_s, final_eval)
                 logger.summary(summary)
             if self.stop_signal is not None:
                 self.doing = f"stopping after iteration {self.iteration} on {signal.Signals(self.stop_signal).name}"
@@ -333,6 +322,22 @@ class Runner:
             self.workflow.close()
             if cluster is not None:
                 cluster.shutdown()
+
+    def summary(self, last: dict[str, Any], wall_s: float, final_eval: dict[str, Any]) -> dict[str, Any]:
+        """``summary.json``: the run's size and time, the ``last`` iteration's headline metrics,
+        the mean throughput and the final evaluation; marked interrupted when a signal ended it."""
+        summary = {
+            "recipe": self.cfg.recipe,
+            "iterations": self.iteration,
+            "env_steps": self.steps,
+            "wall_s": wall_s,
+            **{key: last.get(key) for _, key in self.workflow.headline},
+            self.workflow.throughput_metric: self.mean_throughput(),
+            **final_eval,
+        }
+        if self.stop_signal is not None:
+            summary["interrupted"] = signal.Signals(self.stop_signal).name
+        return summary
 
     def final_evaluation(self) -> dict[str, Any]:
         """The final evaluation's metrics; {} when a signal ended it (:attr:`stop_signal` set:
