@@ -44,9 +44,9 @@ from safetensors.torch import save_file
 
 from embodied.config import to_dict
 from embodied.errors import UserError
-from pipelines.collect import resolve_device, to_torch
+from pipelines.collect import resolve_device
 from pipelines.demonstrations import Demonstrations
-from pipelines.warmstart import mean_nll, nll, split_episodes, trained_tensors
+from pipelines.warmstart import clone_epoch, mean_nll, split_episodes, trained_tensors
 from policies.base import INSTRUCTION_KEY
 from policies.registry import build_policy
 
@@ -176,10 +176,8 @@ def clone(policy: Any, demos: Demonstrations, sft: SFTConfig, seed: int, log: Ca
     actions = torch.as_tensor(policy.encode_actions(torch.as_tensor(demos.actions))).cpu()  # token ids (N, C, A)
     train_rows, val_rows = split_episodes(demos, sft.val_fraction, seed)
     score_rows = val_rows if len(val_rows) else train_rows
-    device = next(policy.parameters()).device
     named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
-    params = [p for _, p in named]
-    optimizer = torch.optim.Adam(params, lr=sft.lr)
+    optimizer = torch.optim.Adam([p for _, p in named], lr=sft.lr)
     rng = np.random.default_rng(seed)
     trained: set[str] = set()
     policy.eval()
@@ -190,18 +188,8 @@ def clone(policy: Any, demos: Demonstrations, sft: SFTConfig, seed: int, log: Ca
     train_s = 0.0
     for epoch in range(1, sft.epochs + 1):
         tick = time.perf_counter()
-        policy.train()
-        losses = []
-        order = rng.permutation(train_rows)
-        for begin in range(0, len(order), sft.batch_size):
-            idx = order[begin: begin + sft.batch_size]
-            loss = nll(policy, to_torch(demos.select(idx), device), actions[idx].to(device))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            trained.update(n for n, p in named if p.grad is not None)
-            torch.nn.utils.clip_grad_norm_(params, sft.max_grad_norm)
-            optimizer.step()
-            losses.append(loss.item())
+        losses = clone_epoch(policy, demos, actions, train_rows, sft.batch_size, optimizer, named, sft.max_grad_norm,
+                             rng, trained)
         train_s += time.perf_counter() - tick
         policy.eval()
         val = mean_nll(policy, demos, actions, score_rows, sft.batch_size)

@@ -210,6 +210,29 @@ def mean_nll(policy: Policy, demos: Demonstrations, actions: torch.Tensor, rows:
     return total / max(count, 1)
 
 
+def clone_epoch(policy: Policy, demos: Demonstrations, actions: torch.Tensor, rows: np.ndarray, batch_size: int,
+                optimizer: torch.optim.Optimizer, named: list[tuple[str, torch.nn.Parameter]], max_grad_norm: float,
+                rng: np.random.Generator, trained: set[str]) -> list[float]:
+    """One epoch of behaviour cloning: :func:`nll` of ``rows`` of ``demos`` (their ``actions`` in
+    the policy's stored form) in shuffled batches, one clipped optimizer step each; adds the names
+    of the parameters that received gradients to ``trained``. Returns each batch's loss."""
+    device = _device(policy)
+    params = [p for _, p in named]
+    losses = []
+    policy.train()
+    order = rng.permutation(rows)
+    for begin in range(0, len(order), batch_size):
+        idx = order[begin: begin + batch_size]
+        loss = nll(policy, to_torch(demos.select(idx), device), actions[idx].to(device))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        trained.update(n for n, p in named if p.grad is not None)
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
 def behaviour_clone(
     policy: Policy, demos: Demonstrations, cfg: WarmStartConfig, success_rate: Callable[[], float | None] | None = None,
     seed: int = 0, log: Callable[[str], None] = LOG.info,
@@ -218,14 +241,12 @@ def behaviour_clone(
     batches; stop early once ``success_rate()`` (checked every ``cfg.eval_every`` epochs) reaches
     ``cfg.stop_at_success``, or at ``cfg.time_budget_s``. Returns the metrics (``bc/*``), with
     ``bc/trained`` the names of the parameters that received gradients."""
-    device = _device(policy)
     actions = torch.as_tensor(policy.encode_actions(torch.as_tensor(demos.actions))).cpu()  # stored form
     train_rows, val_rows = split_episodes(demos, cfg.val_fraction, seed)
     score_rows = val_rows if len(val_rows) else train_rows
     named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
-    params = [p for _, p in named]
     trained: set[str] = set()
-    optimizer = torch.optim.Adam(params, lr=cfg.lr)
+    optimizer = torch.optim.Adam([p for _, p in named], lr=cfg.lr)
     generator = np.random.default_rng(seed)
     policy.eval()
     first = mean_nll(policy, demos, actions, score_rows, cfg.batch_size)
@@ -234,18 +255,10 @@ def behaviour_clone(
     losses: list[float] = []
     for epoch in range(1, cfg.epochs + 1):
         tick = time.perf_counter()
-        policy.train()
-        order = generator.permutation(train_rows)
-        for begin in range(0, len(order), cfg.batch_size):
-            idx = order[begin: begin + cfg.batch_size]
-            loss = nll(policy, to_torch(demos.select(idx), device), actions[idx].to(device))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            trained.update(n for n, p in named if p.grad is not None)
-            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            optimizer.step()
-            losses.append(loss.item())
-            steps += 1
+        epoch_losses = clone_epoch(policy, demos, actions, train_rows, cfg.batch_size, optimizer, named,
+                                   cfg.max_grad_norm, generator, trained)
+        losses.extend(epoch_losses)
+        steps += len(epoch_losses)
         train_s += time.perf_counter() - tick
         if success_rate is not None and epoch % cfg.eval_every == 0:
             policy.eval()
