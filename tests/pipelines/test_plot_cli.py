@@ -85,6 +85,6 @@ def test_a_wrong_run_dir_metric_or_out_is_one_paragraph_and_exit_code_2(run_dir,
     before = sorted(p for p in tmp_path.rglob("*"))
     assert main(["plot", *(a.format(**paths) for a in args)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("embodied plot: error: ") and says in err.replace("\n", " ") and "\n\n" not in err.strip()
+    assert err.startswith("embodied plot: error:") and says in err.replace("\n", " ") and "\n\n" not in err.strip()
     assert "Traceback" not in err
     assert sorted(p for p in tmp_path.rglob("*")) == before  # nothing written
