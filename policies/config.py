@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from embodied.errors import UserError
+
 
 @dataclass
 class PolicyConfig:
@@ -35,3 +37,13 @@ class PolicyConfig:
     Every tensor in it must be one of the policy's, of the same shape; the policy's tensors it
     lacks (a value head the warm start did not train) keep their initialisation. None: the
     model's own initialisation (``warmstart.*`` sets it after behaviour cloning)."""
+
+    def kwargs_with_path(self) -> dict[str, Any]:
+        """``kwargs`` with ``path`` set from ``policy.path`` (a checkpoint-loading policy's
+        shorthand); refuses two different checkpoints."""
+        kwargs = dict(self.kwargs)
+        if self.path is not None:
+            if kwargs.get("path") not in (None, self.path):
+                raise UserError(f"policy.path={self.path!r} and policy.kwargs.path={kwargs['path']!r} name two checkpoints; give one.")
+            kwargs["path"] = self.path
+        return kwargs

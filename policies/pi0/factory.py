@@ -83,11 +83,7 @@ def parse_kwargs(kwargs: dict[str, Any], policy: str) -> dict[str, Any]:
 
 def _build(cfg: PolicyConfig, observation_space: gym.spaces.Dict, action_space: gym.spaces.Space, pi05: bool) -> Policy:
     name = "pi05" if pi05 else "pi0"
-    kwargs = dict(cfg.kwargs)
-    if cfg.path is not None:
-        if kwargs.get("path") not in (None, cfg.path):
-            raise UserError(f"policy.path={cfg.path!r} and policy.kwargs.path={kwargs['path']!r} name two checkpoints; give one.")
-        kwargs["path"] = cfg.path
+    kwargs = cfg.kwargs_with_path()
     options = parse_kwargs(kwargs, name)
     try:
         from policies.pi0.policy import Pi0Policy

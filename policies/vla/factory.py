@@ -103,11 +103,7 @@ def parse_kwargs(kwargs: dict[str, Any], defaults: dict[str, Any], policy: str) 
 
 def _build(cfg: PolicyConfig, observation_space: gym.spaces.Dict, action_space: gym.spaces.Space, oft: bool) -> Policy:
     name = "openvla_oft" if oft else "openvla"
-    kwargs = dict(cfg.kwargs)
-    if cfg.path is not None:
-        if kwargs.get("path") not in (None, cfg.path):
-            raise UserError(f"policy.path={cfg.path!r} and policy.kwargs.path={kwargs['path']!r} name two checkpoints; give one.")
-        kwargs["path"] = cfg.path
+    kwargs = cfg.kwargs_with_path()
     options = parse_kwargs(kwargs, OFT_KWARGS if oft else VLA_KWARGS, name)
     try:
         from policies.vla.policy import OpenVLAOFTPolicy, OpenVLAPolicy
