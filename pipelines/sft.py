@@ -2,15 +2,18 @@
 
     result = run_sft(cfg, SFTConfig(demos=["demos/PickCube-v1/scripted/trajectory.rgb.pd_ee_delta_pos.physx_cpu.h5"]))
     result.path              # a checkpoint dir: `embodied train RECIPE policy.init=<path>` starts from it
-    result.metrics           # sft/val_nll per epoch, ...
+    result.metrics           # sft/val_nll (sft/val_flow_mse for a flow policy) per epoch, ...
 
-The loss is the warm start's (:mod:`pipelines.warmstart`): the negative log-likelihood of the
-demonstrated actions through the policy's own ``evaluate(obs, encode_actions(actions))``, per
-action token for a VLA (OpenVLA's 256 bins of the BOUNDS_Q99-normalized actions; OFT's parallel
-discrete head), so the RL that follows scores the same distribution. Whole episodes are held out
-for validation (``val_fraction``); their NLL is reported before training and after every epoch,
-and the weights of the epoch with the lowest one are kept. A VLA's NLL is per action token
-(:func:`per_token`). What is written is what the cloning
+The loss (:func:`objective_of`) is the policy's own. A policy with ``sft_loss(obs, actions)`` (π0,
+π0.5: flow matching, the MSE of the predicted velocity, metrics ``sft/*_flow_mse*``) trains by it,
+and its held-out loss draws the flow times and noise from a generator seeded the same way at every
+scoring, so the epochs' values compare. Any other policy trains by the warm start's loss
+(:mod:`pipelines.warmstart`): the negative log-likelihood of the demonstrated actions through its
+``evaluate(obs, encode_actions(actions))`` (metrics ``sft/*_nll*``), per action token for a VLA
+(OpenVLA's 256 bins of the BOUNDS_Q99-normalized actions; OFT's parallel discrete head:
+:func:`per_token`), so the RL that follows scores the same distribution. Whole episodes are held out
+for validation (``val_fraction``); their loss is reported before training and after every epoch,
+and the weights of the epoch with the lowest one are kept. What is written is what the cloning
 trained (:func:`pipelines.warmstart.trained_tensors`: LoRA adapters under ``lora_rank > 0``, every
 weight of a full fine-tune, never an untrained value head), so the same dir initialises the PPO
 (critic) and the GRPO (no critic) policy of the same model.
@@ -46,8 +49,8 @@ from embodied.config import to_dict
 from embodied.errors import UserError
 from pipelines.collect import resolve_device
 from pipelines.demonstrations import Demonstrations
-from pipelines.warmstart import clone_epoch, mean_nll, split_episodes, trained_tensors
-from policies.base import INSTRUCTION_KEY
+from pipelines.warmstart import CloneLoss, clone_epoch, mean_nll, nll, split_episodes, trained_tensors
+from policies.base import INSTRUCTION_KEY, Policy
 from policies.registry import build_policy
 
 LOG = logging.getLogger("embodied")
@@ -156,7 +159,9 @@ def run_sft(cfg: Any, sft: SFTConfig, log: Callable[[str], None] = LOG.info) -> 
         work.rename(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    log(f"[sft] held-out NLL {metrics['sft/val_nll_first']:.3f} -> {metrics['sft/val_nll_best']:.3f} (epoch {metrics['sft/best_epoch']}); "
+    name, label = metrics["sft/objective"], metrics["sft/objective_label"]
+    log(f"[sft] held-out {label} {metrics[f'sft/val_{name}_first']:.3f} -> {metrics[f'sft/val_{name}_best']:.3f} "
+        f"(epoch {metrics['sft/best_epoch']}); "
         f"`embodied train {cfg.recipe} policy.init={out}` starts from it")
     return SFTResult(out, metrics)
 
@@ -170,40 +175,79 @@ def per_token(policy_cfg: Any) -> Any:
     return dataclasses.replace(policy_cfg, kwargs={**policy_cfg.kwargs, "logprob_level": "token"})
 
 
-def clone(policy: Any, demos: Demonstrations, sft: SFTConfig, seed: int, log: Callable[[str], None]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Adam on the NLL of the training episodes; the held-out NLL after every epoch. Returns the
-    metrics (``sft/*``) and the trained tensors of the epoch with the lowest held-out NLL."""
+@dataclass
+class Objective:
+    """What SFT minimises for a policy (:func:`objective_of`)."""
+
+    name: str
+    """The metrics' name for it: ``sft/val_<name>_first``, ``..._best``, ``..._last``."""
+    label: str
+    """The log lines' name for it."""
+    actions: torch.Tensor
+    """The demonstrated actions (N, ...) in the form ``loss`` takes."""
+    loss: CloneLoss
+    """The training loss of a batch (fresh random draws where it has any)."""
+    held_out: Callable[[], CloneLoss]
+    """A loss for one held-out scoring pass: the same draws at every pass over the same rows."""
+
+
+def objective_of(policy: Policy, demos: Demonstrations, seed: int) -> Objective:
+    """Flow matching for a policy with ``sft_loss`` (the env actions (N, C, A) as they are; the
+    held-out draws from a CPU generator seeded with ``seed`` at every pass), else the NLL of the
+    actions in the policy's stored form (token ids for a VLA), which draws nothing."""
+    if hasattr(policy, "sft_loss"):
+        def flow_loss(model: Any, obs: dict[str, Any], actions: torch.Tensor) -> torch.Tensor:
+            return model.sft_loss(obs, actions)
+
+        def held_out() -> CloneLoss:
+            generator = torch.Generator().manual_seed(seed)
+            return lambda model, obs, actions: model.sft_loss(obs, actions, generator=generator)
+
+        return Objective("flow_mse", "flow-matching MSE", torch.as_tensor(demos.actions).float(), flow_loss, held_out)
     actions = torch.as_tensor(policy.encode_actions(torch.as_tensor(demos.actions))).cpu()  # token ids (N, C, A)
+    return Objective("nll", "NLL", actions, nll, lambda: nll)
+
+
+def clone(policy: Any, demos: Demonstrations, sft: SFTConfig, seed: int, log: Callable[[str], None]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Adam on the policy's :func:`objective_of` over the training episodes; the held-out loss
+    after every epoch. Returns the metrics (``sft/*``) and the trained tensors of the epoch with
+    the lowest held-out loss."""
+    objective = objective_of(policy, demos, seed)
+    name, label, actions = objective.name, objective.label, objective.actions
     train_rows, val_rows = split_episodes(demos, sft.val_fraction, seed)
     score_rows = val_rows if len(val_rows) else train_rows
     named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
     optimizer = torch.optim.Adam([p for _, p in named], lr=sft.lr)
     rng = np.random.default_rng(seed)
     trained: set[str] = set()
-    policy.eval()
-    first = mean_nll(policy, demos, actions, score_rows, sft.batch_size)
-    log(f"[sft] epoch 0: held-out NLL {first:.4f} ({len(score_rows)} frames of {len(np.unique(demos.episode[score_rows]))} episodes)")
+
+    def held_out() -> float:
+        policy.eval()
+        return mean_nll(policy, demos, actions, score_rows, sft.batch_size, loss=objective.held_out())
+
+    first = held_out()
+    log(f"[sft] epoch 0: held-out {label} {first:.4f} ({len(score_rows)} frames of {len(np.unique(demos.episode[score_rows]))} episodes)")
     history: list[dict[str, float]] = []
-    best_nll, best_epoch, best = float("inf"), 0, None
+    best_loss, best_epoch, best = float("inf"), 0, None
     train_s = 0.0
     for epoch in range(1, sft.epochs + 1):
         tick = time.perf_counter()
         losses = clone_epoch(policy, demos, actions, train_rows, sft.batch_size, optimizer, named, sft.max_grad_norm,
-                             rng, trained)
+                             rng, trained, loss_fn=objective.loss)
         train_s += time.perf_counter() - tick
-        policy.eval()
-        val = mean_nll(policy, demos, actions, score_rows, sft.batch_size)
-        history.append({"epoch": epoch, "train_nll": float(np.mean(losses)), "val_nll": val, "train_s": round(train_s, 2)})
-        log(f"[sft] epoch {epoch}/{sft.epochs}: train NLL {np.mean(losses):.4f}, held-out NLL {val:.4f} ({train_s:.0f} s)")
-        if val < best_nll:
-            best_nll, best_epoch = val, epoch
+        val = held_out()
+        history.append({"epoch": epoch, f"train_{name}": float(np.mean(losses)), f"val_{name}": val, "train_s": round(train_s, 2)})
+        log(f"[sft] epoch {epoch}/{sft.epochs}: train {label} {np.mean(losses):.4f}, held-out {label} {val:.4f} ({train_s:.0f} s)")
+        if val < best_loss:
+            best_loss, best_epoch = val, epoch
             best = {k: v.clone() for k, v in trained_tensors(policy, [n for n, _ in named if n in trained]).items()}
         if sft.time_budget_s and train_s > sft.time_budget_s:
             break
     if best is None:  # no epoch ran
         best = trained_tensors(policy, [])
-    metrics = {"sft/val_nll_first": first, "sft/val_nll_best": best_nll, "sft/best_epoch": best_epoch,
-               "sft/val_nll_last": history[-1]["val_nll"] if history else first, "sft/epochs": history,
+    metrics = {"sft/objective": name, "sft/objective_label": label,
+               f"sft/val_{name}_first": first, f"sft/val_{name}_best": best_loss, "sft/best_epoch": best_epoch,
+               f"sft/val_{name}_last": history[-1][f"val_{name}"] if history else first, "sft/epochs": history,
                "sft/frames": len(demos), "sft/episodes": demos.episodes, "sft/validation_frames": int(len(val_rows)),
                "sft/train_s": round(train_s, 2), "sft/trained_tensors": len(best)}
     return metrics, best

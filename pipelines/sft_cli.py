@@ -3,10 +3,11 @@ behaviour-clone a policy on demonstration files (:mod:`pipelines.sft`).
 
 RECIPE is any ``embodied train`` recipe (its ``policy.*`` is fine-tuned, its ``env.*`` must be the
 demonstrations' task, controller, observation mode and image size); POLICY (``openvla``,
-``openvla_oft``) takes the bundled tiny SFT recipe of that policy with ``env.*`` read from the
+``openvla_oft``, ``pi0``) takes the bundled tiny SFT recipe of that policy with ``env.*`` read from the
 demo file. Other ``key=value`` pairs are config overrides (``policy.path=DIR`` for a real
-checkpoint, ``policy.kwargs.lora_rank=32``, ``workers.trainer_device=cuda``). The held-out NLL is
-printed before training and after every epoch; the last line is a JSON summary.
+checkpoint, ``policy.kwargs.lora_rank=32``, ``workers.trainer_device=cuda``). The held-out loss (the
+NLL; the flow-matching MSE for ``pi0`` / ``pi05``) is printed before training and after every
+epoch; the last line is a JSON summary.
 
     embodied demos PickCube-v1 episodes=100 image_size=32
     embodied sft maniskill_pickcube_openvlaoft_ppo_tiny demos=demos/PickCube-v1/scripted/trajectory.rgb.pd_ee_delta_pos.physx_cpu.h5 out=runs/sft-pick
@@ -27,7 +28,8 @@ from embodied.errors import UserError, did_you_mean
 from pipelines.cli import register_command
 
 #: The recipe `embodied sft POLICY` fine-tunes, per policy (tiny models; `policy.path=DIR` for a real one).
-POLICY_RECIPES = {"openvla": "maniskill_pickcube_openvla_ppo_tiny", "openvla_oft": "maniskill_pickcube_openvlaoft_ppo_tiny"}
+POLICY_RECIPES = {"openvla": "maniskill_pickcube_openvla_ppo_tiny", "openvla_oft": "maniskill_pickcube_openvlaoft_ppo_tiny",
+                  "pi0": "maniskill_pickcube_pi0_ppo_tiny"}
 
 
 def parse_sft_args(args: list[str]) -> tuple[str, Any, list[str]]:
@@ -35,7 +37,7 @@ def parse_sft_args(args: list[str]) -> tuple[str, Any, list[str]]:
     from pipelines.sft import SFTConfig
 
     if not args or "=" in args[0]:
-        raise UserError("embodied sft needs a recipe or a policy: embodied sft RECIPE|openvla|openvla_oft demos=PATH [out=DIR] "
+        raise UserError("embodied sft needs a recipe or a policy: embodied sft RECIPE|openvla|openvla_oft|pi0 demos=PATH [out=DIR] "
                         "[epochs=N] [key=value ...]")
     fields = {f.name: f for f in dataclasses.fields(SFTConfig)}
     own: dict[str, Any] = {}
@@ -110,9 +112,10 @@ def cmd_sft(args: list[str]) -> int:
     target, sft, overrides = parse_sft_args(args)
     cfg = build_sft_config(target, sft, overrides)
     result = run_sft(cfg, sft, log=print)
-    m = result.metrics
-    print(json.dumps({"path": str(result.path), "val_nll_first": round(m["sft/val_nll_first"], 4), "val_nll_best": round(m["sft/val_nll_best"], 4),
-                      "best_epoch": m["sft/best_epoch"], "frames": m["sft/frames"], "episodes": m["sft/episodes"]}))
+    m, name = result.metrics, result.metrics["sft/objective"]
+    print(json.dumps({"path": str(result.path), f"val_{name}_first": round(m[f"sft/val_{name}_first"], 4),
+                      f"val_{name}_best": round(m[f"sft/val_{name}_best"], 4), "best_epoch": m["sft/best_epoch"],
+                      "frames": m["sft/frames"], "episodes": m["sft/episodes"]}))
     return 0
 
 

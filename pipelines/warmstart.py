@@ -198,24 +198,30 @@ def nll(policy: Policy, obs: dict[str, Any], actions: torch.Tensor) -> torch.Ten
     return -policy.evaluate(obs, actions).logprobs.float().mean()
 
 
+#: A cloning loss: (policy, a batch of observations, their actions in the loss's form) -> a scalar.
+CloneLoss = Callable[[Policy, dict[str, Any], torch.Tensor], torch.Tensor]
+
+
 @torch.no_grad()
-def mean_nll(policy: Policy, demos: Demonstrations, actions: torch.Tensor, rows: np.ndarray, batch_size: int) -> float:
-    """:func:`nll` over ``rows``, in batches, weighted by batch size."""
+def mean_nll(policy: Policy, demos: Demonstrations, actions: torch.Tensor, rows: np.ndarray, batch_size: int,
+             loss: CloneLoss = nll) -> float:
+    """``loss`` (default :func:`nll`) over ``rows``, in batches, weighted by batch size."""
     device = _device(policy)
     total, count = 0.0, 0
     for begin in range(0, len(rows), batch_size):
         idx = rows[begin: begin + batch_size]
-        total += float(nll(policy, to_torch(demos.select(idx), device), actions[idx].to(device))) * len(idx)
+        total += float(loss(policy, to_torch(demos.select(idx), device), actions[idx].to(device))) * len(idx)
         count += len(idx)
     return total / max(count, 1)
 
 
 def clone_epoch(policy: Policy, demos: Demonstrations, actions: torch.Tensor, rows: np.ndarray, batch_size: int,
                 optimizer: torch.optim.Optimizer, named: list[tuple[str, torch.nn.Parameter]], max_grad_norm: float,
-                rng: np.random.Generator, trained: set[str]) -> list[float]:
-    """One epoch of behaviour cloning: :func:`nll` of ``rows`` of ``demos`` (their ``actions`` in
-    the policy's stored form) in shuffled batches, one clipped optimizer step each; adds the names
-    of the parameters that received gradients to ``trained``. Returns each batch's loss."""
+                rng: np.random.Generator, trained: set[str], loss_fn: CloneLoss = nll) -> list[float]:
+    """One epoch of behaviour cloning: ``loss_fn`` (default :func:`nll`) of ``rows`` of ``demos``
+    (their ``actions`` in the form the loss takes: the policy's stored form for the NLL) in
+    shuffled batches, one clipped optimizer step each; adds the names of the parameters that
+    received gradients to ``trained``. Returns each batch's loss."""
     device = _device(policy)
     params = [p for _, p in named]
     losses = []
@@ -223,7 +229,7 @@ def clone_epoch(policy: Policy, demos: Demonstrations, actions: torch.Tensor, ro
     order = rng.permutation(rows)
     for begin in range(0, len(order), batch_size):
         idx = order[begin: begin + batch_size]
-        loss = nll(policy, to_torch(demos.select(idx), device), actions[idx].to(device))
+        loss = loss_fn(policy, to_torch(demos.select(idx), device), actions[idx].to(device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         trained.update(n for n, p in named if p.grad is not None)

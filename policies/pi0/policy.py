@@ -277,18 +277,21 @@ class Pi0Policy(Policy):
 
     # -- supervised fine-tuning ------------------------------------------------------------------------
 
-    def sft_loss(self, obs: dict[str, Any], env_actions: torch.Tensor) -> torch.Tensor:
+    def sft_loss(self, obs: dict[str, Any], env_actions: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """Flow matching (openpi's training loss): env actions (B, C, A) (or (B, A) for C = 1) in
         the data's units -> the mean squared error between the predicted and the true velocity
-        ``noise - actions`` at ``x_t = t noise + (1 - t) actions``, t ~ Beta(1.5, 1) * 0.999 +
-        0.001, over the C x A executed entries (the padding is zeros and not scored)."""
+        ``noise - actions`` at ``x_t = t noise + (1 - t) actions``, over the C x A executed entries
+        (the padding is zeros and not scored). t ~ Beta(1.5, 1) * 0.999 + 0.001 as openpi samples
+        it, drawn as U ** (1 / 1.5) (Beta(a, 1)'s inverse CDF) so that ``generator`` (a CPU
+        generator) fixes t and the noise: a held-out loss scored again with the same seed sees
+        the same draws."""
         cache, state = self._prefix(obs)
-        batch = state.shape[0]
-        actions = torch.as_tensor(env_actions).to(state.device).float().reshape(batch, self.action_chunk, self.action_dim)
-        target = torch.zeros(batch, self.config.chunk_size, self.config.max_action_dim, device=state.device)
+        batch, device = state.shape[0], state.device
+        actions = torch.as_tensor(env_actions).to(device).float().reshape(batch, self.action_chunk, self.action_dim)
+        target = torch.zeros(batch, self.config.chunk_size, self.config.max_action_dim, device=device)  # (B, H, D)
         target[:, : self.action_chunk, : self.action_dim] = self.action_norm.normalize(actions)
-        noise = torch.randn_like(target)
-        t = torch.distributions.Beta(1.5, 1.0).sample((batch,)).to(state.device) * 0.999 + 0.001
+        noise = torch.randn(target.shape, generator=generator).to(device)
+        t = (torch.rand(batch, generator=generator) ** (1 / 1.5) * 0.999 + 0.001).to(device)  # (B,)
         x_t = t[:, None, None] * noise + (1 - t[:, None, None]) * target
         velocity = self.model.velocity(self.model.expert_features(cache, state, x_t, t))
         error = F.mse_loss(velocity, noise - target, reduction="none")
