@@ -5,11 +5,16 @@ Both train the project's tiny reasoning model (``reasoning_grpo_tiny``: the tiny
 cached SFT warm start, reversed two-digit addition) on the same prompts with the same verifier
 (``exact``, through the project's :class:`~pipelines.reasoning.verifiers.RewardFunction`) and the
 same settings, taken from the recipe (:func:`shared_settings`): prompts per iteration, group size,
-minibatches, learning rate (constant), clip range, gradient clip, sampling (temperature 1, top-k and
-top-p off), maximum prompt and response lengths, Adam (eps 1e-5, no weight decay), no KL term, and
-the number of iterations. An *iteration* (a step here) generates ``B x G`` responses, scores them
-and trains on them in ``M`` minibatches: one ``embodied train`` iteration, ``M`` TRL optimizer steps
-(``steps_per_generation = M``).
+minibatches and what they hold, learning rate (constant), clip range, gradient clip, the loss
+aggregation, sampling (temperature 1, top-k and top-p off), maximum prompt and response lengths,
+Adam (eps 1e-5, no weight decay), no KL term, and the number of iterations. An *iteration* (a step
+here) generates ``B x G`` responses, scores them and trains on them in ``M`` minibatches: one
+``embodied train`` iteration, ``M`` TRL optimizer steps (``steps_per_generation = M``).
+
+What a minibatch holds is set for both sides by ``--minibatch-mix`` (``algo.minibatch_mix``):
+``shuffled`` (the default: TRL's own way, its responses shuffled across groups before they are
+cut into its optimizer steps; Embodied then trains on the whole batch, one chunk, nothing streams)
+or ``groups`` (whole groups per minibatch, Embodied's streaming default; TRL's shuffle turned off).
 
 * ``trl``: ``GRPOTrainer`` in this process, on the CPU, with one torch thread (``--trl-threads``;
   on this tiny model one thread is TRL's faster setting, as it is for each Embodied worker); timed
@@ -29,7 +34,7 @@ recipe's 500 held-out problems (greedy, and 4 samples at temperature 1).
 Target: Embodied at least 1.5x TRL's throughput at equal or better held-out accuracy.
 
     pip install -e ".[reasoning,compare]"          # trl, an optional peer
-    python -m benchmarks.reasoning_vs_trl [--iterations 60] [--rounds 5] [--trl-threads 1] [--trl-whole-groups]
+    python -m benchmarks.reasoning_vs_trl [--iterations 60] [--rounds 5] [--trl-threads 1] [--minibatch-mix shuffled]
 
 Writes ``benchmarks/results/reasoning_vs_trl.json``.
 """
@@ -54,8 +59,14 @@ from benchmarks.common import add_output_args, result_path, save_result
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "reasoning_grpo_tiny"
 TARGET_SPEEDUP = 1.5
-#: TRL's name of each ``algo.loss_agg_mode`` it has (veRL's names; embodied/algorithms/config.py)
-TRL_LOSS_TYPES = {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum-norm": "dr_grpo"}
+#: TRL's ``loss_type`` that computes each ``algo.loss_agg_mode`` as Embodied does with one
+#: accumulation step: a mean over the minibatch's own tokens (``bnpo``; TRL's default ``dapo``
+#: divides by the whole generation batch's tokens / ``steps_per_generation``, which scales each
+#: step by how far its token count is from the average), over its sequences (``grpo``), or a token
+#: sum over sequences x the response limit (``dr_grpo``)
+TRL_LOSS_TYPES = {"token-mean": "bnpo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum-norm": "dr_grpo"}
+#: ``algo.minibatch_mix`` values, as ``--minibatch-mix`` takes them
+MINIBATCH_MIXES = ("shuffled", "groups")
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,7 @@ class Settings:
     prompts_per_iteration: int
     group_size: int
     minibatches: int
+    minibatch_mix: str
     iterations: int
     lr: float
     clip_low: float
@@ -107,7 +119,7 @@ def shared_settings(cfg: Any) -> Settings:
                          "and token-mean / seq-mean losses")
     return Settings(
         prompts_per_iteration=cfg.data.train_batch_size, group_size=algo.group_size, minibatches=algo.num_minibatches,
-        iterations=cfg.total_iterations, lr=algo.lr,
+        minibatch_mix=algo.minibatch_mix, iterations=cfg.total_iterations, lr=algo.lr,
         clip_low=algo.clip_ratio_low if algo.clip_ratio_low is not None else algo.clip_ratio,
         clip_high=algo.clip_ratio_high if algo.clip_ratio_high is not None else algo.clip_ratio,
         max_grad_norm=algo.max_grad_norm, loss_agg_mode=algo.loss_agg_mode, norm_adv_by_std=algo.norm_adv_by_std_in_grpo,
@@ -119,7 +131,8 @@ def shared_settings(cfg: Any) -> Settings:
 
 def trl_arguments(s: Settings, output_dir: str, seed: int) -> dict[str, Any]:
     """``GRPOConfig`` keyword arguments that give TRL the same run: B x G responses per generation,
-    trained in M optimizer steps of B x G / M responses, one pass, no KL, constant lr, Adam eps 1e-5."""
+    trained in M optimizer steps of B x G / M responses, one pass, no KL, constant lr, Adam eps 1e-5
+    (what the steps hold, ``s.minibatch_mix``, is :func:`run_trl`'s to set)."""
     return {
         "output_dir": output_dir, "seed": seed, "use_cpu": True, "report_to": [], "save_strategy": "no",
         "logging_steps": 1, "disable_tqdm": True, "dataloader_num_workers": 0, "bf16": False, "fp16": False,
@@ -140,23 +153,25 @@ def trl_arguments(s: Settings, output_dir: str, seed: int) -> dict[str, Any]:
     }
 
 
-def embodied_overrides(run_dir: Path, seed: int, iterations: int) -> list[str]:
-    """``embodied train`` overrides: the run dir, the seed, the iterations; the final evaluation
-    only (the benchmark evaluates both sides itself), the plan held fixed, no logging sinks."""
-    return [f"run.dir={run_dir}", f"seed={seed}", f"algo.iterations={iterations}", "eval.every=0",
-            "checkpoint.every=0", "plan.replan_threshold=0", "logging.wandb=false", "logging.tensorboard=false"]
+def embodied_overrides(run_dir: Path, seed: int, s: Settings) -> list[str]:
+    """``embodied train`` overrides: the run dir, the seed, the iterations and what a minibatch
+    holds; the final evaluation only (the benchmark evaluates both sides itself), the plan held
+    fixed, no logging sinks."""
+    return [f"run.dir={run_dir}", f"seed={seed}", f"algo.iterations={s.iterations}",
+            f"algo.minibatch_mix={s.minibatch_mix}", "eval.every=0", "checkpoint.every=0", "plan.replan_threshold=0",
+            "logging.wandb=false", "logging.tensorboard=false"]
 
 
 # -- the two sides -------------------------------------------------------------------------------------------
 
 
-def run_trl(s: Settings, cfg: Any, seed: int, work: Path, threads: int = 0, whole_groups: bool = False) -> dict[str, Any]:
+def run_trl(s: Settings, cfg: Any, seed: int, work: Path, threads: int = 0) -> dict[str, Any]:
     """TRL's GRPOTrainer on the warm-start model and the recipe's prompts (``threads`` torch
     threads; 0: torch's default); per-iteration timings and the final model's directory.
 
     TRL shuffles an iteration's responses before cutting them into its optimizer steps, so each
-    step sees part of every group; ``whole_groups`` turns that shuffle off, and each step trains on
-    whole groups, as Embodied's streamed minibatches do."""
+    step sees part of every group (``s.minibatch_mix=shuffled``); with ``groups`` that shuffle is
+    off, and each step trains on whole groups, as Embodied's streamed minibatches do."""
     from unittest import mock
 
     import torch
@@ -221,7 +236,7 @@ def run_trl(s: Settings, cfg: Any, seed: int, work: Path, threads: int = 0, whol
     )
     keep_order = mock.patch("trl.trainer.grpo_trainer.shuffle_sequence_dict", lambda batch: batch)
     t0 = time.perf_counter()
-    with keep_order if whole_groups else contextlib.nullcontext():
+    with keep_order if s.minibatch_mix == "groups" else contextlib.nullcontext():
         trainer.train()
     train_wall_s = time.perf_counter() - t0
     final = work / "trl_final"
@@ -244,10 +259,11 @@ def run_trl(s: Settings, cfg: Any, seed: int, work: Path, threads: int = 0, whol
     return {"rows": rows_out, "train_wall_s": train_wall_s, "model_dir": str(final), "torch_threads": torch.get_num_threads()}
 
 
-def run_embodied(iterations: int, seed: int, work: Path, recipe: str = RECIPE) -> dict[str, Any]:
-    """``embodied train <recipe>`` in a subprocess; its per-iteration metrics and run dir."""
+def run_embodied(s: Settings, seed: int, work: Path, recipe: str = RECIPE) -> dict[str, Any]:
+    """``embodied train <recipe>`` in a subprocess (``s``'s iterations and minibatches); its
+    per-iteration metrics and run dir."""
     run_dir = work / "embodied"
-    cmd = [sys.executable, "-m", "pipelines.cli", "train", recipe, *embodied_overrides(run_dir, seed, iterations)]
+    cmd = [sys.executable, "-m", "pipelines.cli", "train", recipe, *embodied_overrides(run_dir, seed, s)]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
                           timeout=3600)
@@ -366,16 +382,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=5, help="rounds per side, alternating TRL, Embodied, ...")
     parser.add_argument("--sides", default="trl,embodied", help="which sides to run (comma-separated)")
     parser.add_argument("--trl-threads", type=int, default=1, help="torch threads of the TRL side (0: torch's default)")
-    parser.add_argument("--trl-whole-groups", action="store_true",
-                        help="TRL's optimizer steps on whole groups (its shuffle off), as Embodied's minibatches")
+    parser.add_argument("--minibatch-mix", choices=MINIBATCH_MIXES, default="shuffled",
+                        help="what both sides' minibatches hold (algo.minibatch_mix): responses shuffled across groups "
+                             "(TRL's way) or whole groups (Embodied's streaming default; TRL's shuffle off)")
     add_output_args(parser, "reasoning_vs_trl")
     args = parser.parse_args(argv)
     sides = [side for side in args.sides.split(",") if side]
-    cfg = recipe_config(args.iterations)
+    cfg = recipe_config(args.iterations, [f"algo.minibatch_mix={args.minibatch_mix}"])
     s = shared_settings(cfg)
     print(f"[reasoning_vs_trl] {s.prompts_per_iteration} prompts x {s.group_size} responses of at most "
-          f"{s.max_new_tokens} tokens, {s.minibatches} minibatches, {s.iterations} iterations, {args.rounds} round(s) "
-          f"per side", flush=True)
+          f"{s.max_new_tokens} tokens, {s.minibatches} minibatches ({s.minibatch_mix}), {s.iterations} iterations, "
+          f"{args.rounds} round(s) per side", flush=True)
     from pipelines.reasoning.preflight import prepare
 
     prepare(cfg, log=lambda line: print(line, flush=True))  # the cached SFT warm start: model and data for both
@@ -387,11 +404,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             with tempfile.TemporaryDirectory(prefix=f"vs_trl_{side}_") as tmp:
                 work = Path(tmp)
                 if side == "trl":
-                    result = run_trl(s, cfg, seed=r, work=work, threads=args.trl_threads,
-                                     whole_groups=args.trl_whole_groups)
+                    result = run_trl(s, cfg, seed=r, work=work, threads=args.trl_threads)
                     accuracy = held_out(cfg, model_dir=result["model_dir"])
                 else:
-                    result = run_embodied(args.iterations, seed=r, work=work)
+                    result = run_embodied(s, seed=r, work=work)
                     accuracy = held_out(cfg, run_dir=result["run_dir"])
             medians = round_medians(result["rows"])
             rounds.append({"side": side, "round": r, "seed": r, "medians": medians, "held_out": accuracy,
@@ -404,9 +420,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "target_met" in summary:
         print(f"target ({TARGET_SPEEDUP}x at equal or better greedy accuracy): "
               f"{'met' if summary['target_met'] else 'NOT met'}")
-    out = {"settings": asdict(s), "trl_threads": args.trl_threads, "trl_whole_groups": args.trl_whole_groups,
-           "trl_arguments": trl_arguments(s, "<tmp>", 0),
-           "embodied_overrides": embodied_overrides(Path("<tmp>"), 0, args.iterations), "summary": summary,
+    out = {"settings": asdict(s), "trl_threads": args.trl_threads, "trl_arguments": trl_arguments(s, "<tmp>", 0),
+           "embodied_overrides": embodied_overrides(Path("<tmp>"), 0, s), "summary": summary,
            "table": table(summary), "rounds": rounds, "wall_s": time.perf_counter() - t_start,
            "conditions": {"load_avg_1_5_15_before": load_before, "load_avg_1_5_15_after": os.getloadavg(),
                           "cpu_cores": len(os.sched_getaffinity(0))}}

@@ -65,12 +65,19 @@ class ReasoningAlgoConfig(AlgoConfig):
     anneal_lr: bool = False
     """Decay the learning rate linearly to 0 over the run (veRL keeps it constant)."""
     epochs: int = 1
-    """Passes over each iteration's samples (veRL ``ppo_epochs``). The first pass streams: each
-    minibatch trains as soon as its groups are scored."""
+    """Passes over each iteration's samples (veRL ``ppo_epochs``). With ``minibatch_mix=groups``
+    the first pass streams: each minibatch trains as soon as its groups are scored."""
     num_minibatches: int = 1
-    """Optimizer steps per epoch: the iteration's prompts are cut into this many minibatches of whole
-    groups (``data.train_batch_size / ppo_mini_batch_size`` in veRL). Must divide
-    ``data.train_batch_size``; chunks of the plan carry whole minibatches."""
+    """Optimizer steps per epoch: the iteration's responses are cut into this many minibatches
+    (``data.train_batch_size / ppo_mini_batch_size`` in veRL; TRL ``steps_per_generation``). Must
+    divide ``data.train_batch_size``; chunks of the plan carry whole minibatches."""
+    minibatch_mix: Literal["groups", "shuffled"] = "groups"
+    """What a minibatch holds: ``groups``: whole groups (all responses to its prompts), so each
+    minibatch trains as soon as its chunks are scored (the first epoch streams; later epochs shuffle
+    responses across groups); ``shuffled``: the iteration's responses shuffled across groups in
+    every epoch, so each optimizer step sees part of every group, as TRL's ``GRPOTrainer`` does. With
+    ``shuffled`` the trainer waits for the whole batch: the plan has one chunk (``plan.chunks`` > 1
+    is an error)."""
     max_grad_norm: float = 1.0
     """Gradient norm clip (veRL ``actor.grad_clip``)."""
     norm_adv: bool = False
@@ -237,7 +244,11 @@ class ReasoningConfig(RunConfig):
             problems.append(f"algo.num_minibatches={M} must divide data.train_batch_size={B}: a minibatch is a "
                             "whole number of prompts (veRL: train_batch_size must be a multiple of ppo_mini_batch_size)")
         chunks = self.plan.chunks
-        if chunks is not None and (chunks < 1 or M % chunks):
+        if self.algo.minibatch_mix == "shuffled" and chunks is not None and chunks != 1:
+            problems.append(f"plan.chunks={chunks} streams whole groups to the trainer, but algo.minibatch_mix=shuffled "
+                            "mixes every group into every minibatch, so the trainer needs the whole batch first: set "
+                            "plan.chunks=1 (or leave it unset), or algo.minibatch_mix=groups to stream")
+        elif chunks is not None and (chunks < 1 or M % chunks):
             problems.append(f"plan.chunks={chunks} must divide algo.num_minibatches={M}: each chunk streams whole "
                             "minibatches to the trainer (raise algo.num_minibatches for more chunks)")
         if self.plan.offload is not None and "env" in self.plan.offload:

@@ -7,8 +7,8 @@ The planner's ``reasoning`` task graph (``scheduler/flows.py``): per chunk c of 
 ``rollout c`` generates its responses, ``reward c`` scores them and ``trainer epoch 0 c`` trains on
 them as they arrive; later epochs run over the whole batch; then the weights sync. The runtime
 matches it when every chunk holds whole minibatches, so the chunk counts tried are the divisors of
-``algo.num_minibatches`` (up to ``plan.max_chunks``). Only the trainer offloads (the rollout
-backend keeps its weights resident).
+``algo.num_minibatches`` (up to ``plan.max_chunks``; only 1 with ``algo.minibatch_mix=shuffled``).
+Only the trainer offloads (the rollout backend keeps its weights resident).
 
 Probes (:func:`probe_workers`) time the workers a run builds, on their own calls, pinned as the
 plans pin them: one thread each with generation on core 0 and the trainer on the last core (a
@@ -81,9 +81,13 @@ def macro_flow_of(cfg: ReasoningConfig) -> MacroFlow:
 
 def chunk_choices(cfg: ReasoningConfig) -> list[int]:
     """Chunk counts the runtime executes as planned: ``plan.chunks``, or every divisor of
-    ``algo.num_minibatches`` up to ``plan.max_chunks`` (each chunk then carries whole minibatches)."""
+    ``algo.num_minibatches`` up to ``plan.max_chunks`` (each chunk then carries whole minibatches).
+    With ``algo.minibatch_mix=shuffled`` one chunk: every minibatch needs every group, so nothing
+    streams to the trainer."""
     if cfg.plan.chunks is not None:
         return [cfg.plan.chunks]
+    if cfg.algo.minibatch_mix == "shuffled":
+        return [1]
     M = cfg.algo.num_minibatches
     return [k for k in range(1, min(M, cfg.plan.max_chunks) + 1) if M % k == 0]
 

@@ -8,9 +8,11 @@ groups), which the planner's ``reasoning`` task graph models:
   ``generated`` channel (key c) as soon as it is generated.
 * RewardWorker rank r takes its chunks (``c % ranks == r``) in order, runs the verifiers, and puts
   each scored chunk (a :class:`~embodied.rl.TrajectoryBatch`) on the ``scored`` channel.
-* TrainerWorker takes the chunks in order c = 0 .. k-1 and trains each minibatch (whole prompts,
-  ``data.train_batch_size / algo.num_minibatches`` of them) as soon as its chunks are in: the first
-  epoch streams. Later epochs (``algo.epochs`` > 1) run over the whole batch. The minibatches are
+* TrainerWorker takes the chunks in order c = 0 .. k-1. With ``algo.minibatch_mix=groups`` it
+  trains each minibatch (whole prompts, ``data.train_batch_size / algo.num_minibatches`` of them)
+  as soon as its chunks are in: the first epoch streams. Later epochs (``algo.epochs`` > 1) run
+  over the whole batch, its responses shuffled across groups. With ``shuffled`` every epoch runs
+  over the whole batch that way (TRL's minibatches), once every chunk is in. The minibatches are
   the same whatever the chunking, so the plan never changes the math. Its weights reach the
   rollout through the :class:`~embodied.runtime.weights.WeightSyncer` before the next iteration.
 """
@@ -139,20 +141,27 @@ class RewardWorker(Worker):
 
 class TrainerWorker(EmbodiedTrainerWorker):
     """The trainer of the embodied flow (policy, optimizer, weight export, checkpoints, offload)
-    training the runtime's GRPO algorithm object on streamed minibatches of whole groups."""
+    training the runtime's GRPO algorithm object on streamed minibatches of whole groups, or on
+    the whole batch in minibatches shuffled across groups (``algo.minibatch_mix``)."""
 
     def __init__(self, cfg: ReasoningConfig, pinning: Pinning | None = None, offload: bool = False) -> None:
         super().__init__(cfg, None, None, pinning, offload)
         algo = cfg.algo
-        # The algorithm object, unchanged: one call per streamed minibatch (one optimizer step),
-        # then the remaining epochs over the whole batch in algo.num_minibatches shuffled minibatches.
+        # The algorithm object, unchanged: with whole groups, one call per streamed minibatch (one
+        # optimizer step) in the first epoch; the remaining epochs (with shuffled minibatches, all
+        # of them) in one call over the whole batch, whose algo.num_minibatches minibatches are
+        # shuffled across groups and whose advantages come from whole groups.
+        self.streams_first_epoch = algo.minibatch_mix == "groups"
         self.minibatch_algorithm = build_algorithm(dataclasses.replace(algo, epochs=1, num_minibatches=1))
-        self.epochs_algorithm = build_algorithm(dataclasses.replace(algo, epochs=algo.epochs - 1)) if algo.epochs > 1 else None
+        whole_batch_epochs = algo.epochs - 1 if self.streams_first_epoch else algo.epochs
+        self.epochs_algorithm = (build_algorithm(dataclasses.replace(algo, epochs=whole_batch_epochs))
+                                 if whole_batch_epochs else None)
         self.minibatch_samples = cfg.data.train_batch_size // algo.num_minibatches * algo.group_size
 
     def train(self, scored: Channel, num_chunks: int, lr: float) -> dict[str, Any]:
-        """Train on the iteration's ``num_chunks`` scored chunks, each minibatch as soon as its
-        chunks are in (see the module docstring). Returns the iteration's response statistics
+        """Train on the iteration's ``num_chunks`` scored chunks: with whole groups each minibatch
+        as soon as its chunks are in, with shuffled minibatches once all are in (see the module
+        docstring). Returns the iteration's response statistics
         (:func:`~pipelines.reasoning.samples.iteration_metrics`), the updates' means and timings."""
         cfg = self.cfg
         switch: dict[str, float] = {}
@@ -172,6 +181,8 @@ class TrainerWorker(EmbodiedTrainerWorker):
             wait_s += time.perf_counter() - t0
             self._check_version(chunk.batch.version)
             chunks.append(chunk)
+            if not self.streams_first_epoch:
+                continue
             pending = chunk.batch if pending is None else TrajectoryBatch.concat([pending, chunk.batch])
             while pending is not None and pending.num_envs >= self.minibatch_samples:
                 n = pending.num_envs

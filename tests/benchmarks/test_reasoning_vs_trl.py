@@ -22,8 +22,9 @@ def test_the_recipes_settings_as_trl_arguments() -> None:
     # 256 responses per generation, trained in 2 optimizer steps of 128, one pass, for 60 generations
     assert (args["num_generations"], args["per_device_train_batch_size"], args["steps_per_generation"]) == (8, 128, 2)
     assert (args["gradient_accumulation_steps"], args["num_iterations"], args["max_steps"]) == (1, 1, 120)
+    # token-mean over each optimizer step's own tokens, as Embodied's minibatches
     assert (args["loss_type"], args["scale_rewards"], args["beta"], args["epsilon"], args["epsilon_high"]) == (
-        "dapo", "group", 0.0, 0.2, 0.2)
+        "bnpo", "group", 0.0, 0.2, 0.2)
     assert (args["learning_rate"], args["lr_scheduler_type"], args["adam_epsilon"], args["weight_decay"]) == (
         5e-4, "constant", 1e-5, 0.0)
     assert (args["max_completion_length"], args["top_k"], args["seed"]) == (6, 0, 3)
@@ -37,10 +38,13 @@ def test_trl_accepts_the_arguments(tmp_path) -> None:
     assert config.generation_batch_size == s.responses_per_iteration == 256
 
 
-def test_embodied_overrides_give_the_same_run(tmp_path) -> None:
+@pytest.mark.parametrize("mix", bench.MINIBATCH_MIXES)
+def test_embodied_overrides_give_the_same_run(tmp_path, mix) -> None:
+    s = bench.shared_settings(bench.recipe_config(60, [f"algo.minibatch_mix={mix}"]))
+    assert s.minibatch_mix == mix
     _, data = load_recipe(bench.RECIPE)
-    cfg = apply_overrides(ReasoningConfig, data, bench.embodied_overrides(tmp_path / "run", seed=2, iterations=60))
-    assert bench.shared_settings(cfg) == bench.shared_settings(bench.recipe_config(60))
+    cfg = apply_overrides(ReasoningConfig, data, bench.embodied_overrides(tmp_path / "run", seed=2, s=s))
+    assert bench.shared_settings(cfg) == s
     assert (cfg.seed, cfg.eval.every, cfg.plan.replan_threshold) == (2, 0, 0)
 
 
@@ -89,7 +93,7 @@ def test_both_sides_train_a_tiny_model_and_are_evaluated_alike(tmp_path) -> None
     assert accuracy["eval/problems"] == 8 and 0 <= accuracy["eval/greedy_acc"] <= 1
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(yaml.safe_dump({k: v for k, v in to_dict(cfg).items() if k not in ("run", "recipe")}))
-    ours = bench.run_embodied(2, seed=0, work=tmp_path / "embodied", recipe=str(recipe))
+    ours = bench.run_embodied(s, seed=0, work=tmp_path / "embodied", recipe=str(recipe))
     assert len(ours["rows"]) == 2 and all(r["iteration_s"] > 0 and r["trainer_tokens_per_s"] > 0 for r in ours["rows"])
     # the run's final checkpoint through the same evaluation (a random model's near-tied logits make
     # its greedy answers too fragile to compare with the run's own evaluation, batched differently)
