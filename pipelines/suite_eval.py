@@ -52,10 +52,14 @@ class SuiteFamily:
 
     tasks:     the tasks one id stands for (a LIBERO suite: its tasks).
     for_video: the env config that can render a video of ``cfg`` (e.g. a renderer for state obs).
+    task_env:  the env config that runs one task of the suite ``cfg`` names (default: ``cfg`` with
+               ``id`` the task's); an adapter whose task list shares one observation layout keeps
+               the list and selects the task (ManiSkill: ``env.kwargs.task``).
     """
 
     tasks: Callable[[str], list[SuiteTask]]
     for_video: Callable[[EnvConfig], EnvConfig] = lambda cfg: cfg
+    task_env: Callable[[EnvConfig, str], EnvConfig] = lambda cfg, task: dataclasses.replace(cfg, id=task)
 
 
 #: Per env adapter (``envs.registry``); an adapter without an entry evaluates each id as one task.
@@ -77,6 +81,33 @@ def _libero_video(cfg: EnvConfig) -> EnvConfig:
 SUITE_FAMILIES.add("libero", SuiteFamily(_libero_tasks, _libero_video), "LIBERO suites: one task per suite task")
 
 
+def _maniskill_tasks(env_id: str) -> list[SuiteTask]:
+    from envs.adapters.maniskill_adapter import instruction_for, parse_tasks
+
+    return [SuiteTask(t, instruction_for(t)) for t in parse_tasks(env_id)]
+
+
+def _maniskill_task_env(cfg: EnvConfig, task: str) -> EnvConfig:
+    from envs.adapters.maniskill_adapter import parse_tasks
+
+    if len(parse_tasks(cfg.id)) == 1:
+        return dataclasses.replace(cfg, id=task)
+    return dataclasses.replace(cfg, kwargs={**cfg.kwargs, "task": task})  # the list's observation layout
+
+
+SUITE_FAMILIES.add("maniskill", SuiteFamily(_maniskill_tasks, task_env=_maniskill_task_env),
+                   "ManiSkill task lists: one task each, in the list's observation layout")
+
+
+def _metaworld_tasks(env_id: str) -> list[SuiteTask]:
+    from envs.adapters.metaworld_adapter import INSTRUCTIONS, PREFIX, parse_id
+
+    return [SuiteTask(f"{PREFIX}/{t}", INSTRUCTIONS.get(t)) for t in parse_id(env_id)]
+
+
+SUITE_FAMILIES.add("metaworld", SuiteFamily(_metaworld_tasks), "Meta-World MT10/MT50: one task per benchmark task")
+
+
 def _family(env_id: str) -> SuiteFamily:
     adapter = resolve_adapter(EnvConfig(id=env_id))
     return SUITE_FAMILIES.get(adapter) if adapter in SUITE_FAMILIES else SuiteFamily(lambda i: [SuiteTask(i)])
@@ -91,6 +122,11 @@ def suite_tasks(env_id: str) -> list[SuiteTask]:
     for part in parts:
         tasks += [t for t in _family(part).tasks(part) if t.id not in {s.id for s in tasks}]
     return tasks
+
+
+def task_env(env_cfg: EnvConfig, task: str) -> EnvConfig:
+    """The env config that runs ``task``, one of the tasks of the suite ``env_cfg.id`` names."""
+    return _family(task).task_env(env_cfg, task)
 
 
 @dataclass
@@ -196,7 +232,7 @@ def evaluate_suite(
     results = []
     tasks = suite_tasks(env_cfg.id)
     for k, task in enumerate(tasks, 1):
-        cfg = dataclasses.replace(env_cfg, id=task.id)
+        cfg = task_env(env_cfg, task.id)
         shown = EpisodeProgress(episodes_per_task, f"task {k}/{len(tasks)} {task.id}") if progress else None
         stats = evaluate_policy(policy, cfg, episodes_per_task, seed=seed, num_envs=n, deterministic=deterministic, device=device,
                                 progress=shown)

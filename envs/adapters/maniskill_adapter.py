@@ -26,6 +26,17 @@ Cameras render at ``env.image_size`` square. The first camera is ``"rgb"``; furt
 ``"rgb/<camera name>"`` (separate keys rather than a stack: cameras may differ in size and a
 policy can pick the ones it wants). ``success`` comes from ManiSkill's ``info["success"]``.
 
+Several tasks (``env.id: PushCube-v1,PickCube-v1,StackCube-v1``): env i runs task
+``(i // task_every) mod T`` of the list (``env.kwargs.task_every``, default 1: round robin; GRPO
+sets it to ``algo.group_size`` so that a group's envs run one task), each with its own
+instruction, on the CPU backends. Every env of such a batch shows one observation layout, the
+**suite layout**: in ``rgb`` mode the ``state`` vector holds every ``agent``/``extra`` entry any of
+the tasks has, in the order of their first appearance along the list, zeros where an env's task
+lacks an entry (PickCube's ``goal_pos`` sits at the same offset for every env); in the ``state``
+modes the privileged vectors are padded with zeros to the longest. ``env.kwargs.task`` (one id of
+the list) runs that task on every env with the list's layout: how a multi-task policy is
+evaluated task by task (:mod:`pipelines.suite_eval`).
+
 Language (``instructions``): ManiSkill tasks have no language instruction; each task gets one
 fixed sentence, from :data:`INSTRUCTIONS` for the common tasks, else derived from the task
 class's "Task Description" docstring, else "complete the <task name> task".
@@ -52,11 +63,13 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import functools
 import importlib.util
 import re
 import traceback
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -72,6 +85,8 @@ from envs.vulkan import ensure_vulkan_env
 
 OBS_MODES = {"state": "state", "rgb": "rgb", "state+rgb": "state+rgb"}  # ours -> ManiSkill's
 BACKENDS = ("auto", "batched", "inprocess", "multiprocess")
+#: ``env.kwargs`` the adapter reads itself for a list of tasks (never passed to ManiSkill).
+SUITE_KWARGS = ("task_every", "task")
 #: Imported once by the forkserver of the env processes (seconds of CPU each otherwise, torch included).
 PRELOAD = ("mani_skill.envs",)
 
@@ -120,7 +135,17 @@ def maniskill_registry() -> dict[str, Any]:
     return REGISTERED_ENVS
 
 
+def parse_tasks(env_id: str) -> list[str]:
+    """The task ids of ``env_id``: one id, or a comma-separated list (each id once, in order)."""
+    parts = [p.strip() for p in env_id.split(",")]
+    if not all(parts):
+        raise UserError(f"env.id={env_id!r}: an empty task id in the comma-separated list.")
+    return list(dict.fromkeys(parts))
+
+
 def _claims(env_id: str) -> bool:
+    if "," in env_id:
+        return all(_claims(part) for part in parse_tasks(env_id))
     if ":" in env_id or "/" in env_id or not _installed():
         return False
     spec = gym.registry.get(env_id)
@@ -225,15 +250,85 @@ def _maniskill_kwargs(cfg: EnvConfig, sim_backend: str, num_envs: int) -> dict[s
     return kwargs
 
 
-def make_cpu_env(cfg: EnvConfig) -> gym.Env:
-    """One ManiSkill CPU env with numpy, unbatched outputs and the contract's observation dict."""
+def make_cpu_env(cfg: EnvConfig, suite: tuple[str, ...] = ()) -> gym.Env:
+    """One ManiSkill CPU env with numpy, unbatched outputs and the contract's observation dict;
+    with ``suite`` (the task list ``cfg.id`` is one of), in the suite layout (module docstring)."""
     maniskill_registry()
+    env = _cpu_gym_env(cfg)
+    return ContractObservation(env, cfg.obs_mode, suite_layout(suite, cfg) if len(suite) > 1 else None)
+
+
+def _cpu_gym_env(cfg: EnvConfig) -> gym.Env:
     from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
 
     env = make_raw_maniskill(cfg, "physx_cpu", 1)
     cpu = CPUGymWrapper(env)
     cpu.action_space = env.get_wrapper_attr("single_action_space")  # the flattened one of multi-robot tasks
-    return ContractObservation(cpu, cfg.obs_mode)
+    return cpu
+
+
+@dataclass(frozen=True)
+class SuiteLayout:
+    """The observation every env of a task list shows (module docstring, "Several tasks").
+
+    entries: for ``rgb``: ((group, name), size) in order, each ``agent``/``extra`` entry of any task;
+             for the ``state`` modes: empty (the privileged vector is padded to ``dim``).
+    cameras: the cameras every task has, in the first task's order (a task's other cameras are dropped).
+    """
+
+    entries: tuple[tuple[tuple[str, str], int], ...]
+    dim: int
+    cameras: tuple[str, ...] = ()
+
+    def vector(self, obs: dict[str, Any]) -> np.ndarray:
+        """The suite's ``state`` (dim,) float32 of one env's ManiSkill observation ``obs``."""
+        if not self.entries:
+            flat = np.asarray(obs["state"] if isinstance(obs, dict) else obs, np.float32).reshape(-1)
+            return np.concatenate([flat, np.zeros(self.dim - flat.size, np.float32)])
+        parts = []
+        for (group, name), size in self.entries:
+            value = obs.get(group, {}).get(name)
+            parts.append(np.zeros(size, np.float32) if value is None else np.asarray(value, np.float32).reshape(-1))
+        return np.concatenate(parts)
+
+
+def layout_of(spaces: Sequence[gym.spaces.Space], obs_mode: str) -> SuiteLayout:
+    """The suite layout of tasks whose single-env ManiSkill observation spaces are ``spaces`` (in list order)."""
+    cameras: tuple[str, ...] = ()
+    if obs_mode != "state":
+        names = [[c for c, v in space["sensor_data"].spaces.items() if "rgb" in v.spaces] for space in spaces]
+        cameras = tuple(c for c in names[0] if all(c in other for other in names[1:]))
+        if not cameras:
+            raise UserError(f"the tasks share no camera ({'; '.join(', '.join(n) for n in names)}), so one policy cannot see them all.")
+    if obs_mode != "rgb":
+        dims = [int(np.prod(space.shape if obs_mode == "state" else space["state"].shape)) for space in spaces]
+        return SuiteLayout((), max(dims), cameras)
+    entries: dict[tuple[str, str], int] = {}
+    for space in spaces:
+        for group in ("agent", "extra"):
+            for name, leaf in space.spaces.get(group, gym.spaces.Dict()).spaces.items():
+                size = int(np.prod(leaf.shape))
+                if entries.setdefault((group, name), size) != size:
+                    raise UserError(f"the tasks' {group}/{name} observations differ in size ({entries[(group, name)]} vs {size}); "
+                                    "they cannot share one policy input.")
+    return SuiteLayout(tuple(entries.items()), sum(entries.values()), cameras)
+
+
+def suite_layout(tasks: Sequence[str], cfg: EnvConfig) -> SuiteLayout:
+    """The suite layout of ``tasks`` under ``cfg``'s observations and kwargs, from one env of each
+    task built in this process (once per process and setting)."""
+    key = (tuple(tasks), cfg.obs_mode, cfg.image_size, repr(sorted(cfg.kwargs.items(), key=str)))
+    if key not in _LAYOUTS:
+        spaces = []
+        for task in tasks:
+            env = _cpu_gym_env(dataclasses.replace(cfg, id=task))
+            spaces.append(env.observation_space)
+            env.close()
+        _LAYOUTS[key] = layout_of(spaces, cfg.obs_mode)
+    return _LAYOUTS[key]
+
+
+_LAYOUTS: dict[tuple[Any, ...], SuiteLayout] = {}
 
 
 def _explain_make_error(err: Exception, cfg: EnvConfig) -> UserError | None:
@@ -376,14 +471,26 @@ def contract_space(space: gym.spaces.Space, obs_mode: str, task: str = "this tas
 
 
 class ContractObservation(gym.ObservationWrapper):
-    """ManiSkill's (unbatched, numpy) observation -> the contract's ``{"state", "rgb", ...}`` dict."""
+    """ManiSkill's (unbatched, numpy) observation -> the contract's ``{"state", "rgb", ...}`` dict
+    (with ``layout``, the ``state`` of a task list's suite layout)."""
 
-    def __init__(self, env: gym.Env, obs_mode: str) -> None:
+    def __init__(self, env: gym.Env, obs_mode: str, layout: SuiteLayout | None = None) -> None:
         super().__init__(env)
         self.obs_mode = obs_mode
+        self.layout = layout
         self.observation_space, self.cameras = contract_space(env.observation_space, obs_mode, repr(env.unwrapped.spec.id))
+        if layout is not None:
+            self.cameras = camera_keys([c for c in layout.cameras])
+            spaces = {k: v for k, v in self.observation_space.spaces.items() if k == "state" or k in self.cameras.values()}
+            self.observation_space = gym.spaces.Dict({**spaces, "state": gym.spaces.Box(-np.inf, np.inf, (layout.dim,), np.float32)})
 
     def observation(self, obs: Any) -> dict[str, np.ndarray]:
+        out = self._observation(obs)
+        if self.layout is not None:
+            out["state"] = self.layout.vector(obs)
+        return out
+
+    def _observation(self, obs: Any) -> dict[str, np.ndarray]:
         if self.obs_mode == "state":
             return {"state": np.asarray(obs, np.float32).reshape(-1)}
         if self.obs_mode == "state+rgb":
@@ -413,7 +520,11 @@ def make_maniskill(cfg: EnvConfig, seed: int) -> VecEnv:
         raise UserError("ManiSkill is not installed: pip install 'embodied[maniskill]' (mani_skill==3.0.1, sapien==3.0.3).")
     if cfg.obs_mode not in OBS_MODES:
         raise UserError(f"env.obs_mode={cfg.obs_mode!r} is not one of {', '.join(OBS_MODES)} for ManiSkill.{did_you_mean(cfg.obs_mode, OBS_MODES)}")
-    check_task(cfg.id)
+    tasks = parse_tasks(cfg.id)
+    for task in tasks:
+        check_task(task)
+    if len(tasks) > 1:
+        return _make_task_list(cfg, tasks)
     cuda = _cuda_available()
     backend = resolve_backend(cfg, auto="batched" if cuda else "multiprocess", allowed=BACKENDS)
     if backend == "batched" or (backend == "inprocess" and cuda):
@@ -421,6 +532,26 @@ def make_maniskill(cfg: EnvConfig, seed: int) -> VecEnv:
                              env_id=cfg.id)  # instructions: its own
     fn = functools.partial(make_cpu_env, cfg)
     return vectorize([fn] * cfg.num_envs, cfg, backend, [instruction_for(cfg.id)] * cfg.num_envs, preload=PRELOAD)
+
+
+def _make_task_list(cfg: EnvConfig, tasks: list[str]) -> VecEnv:
+    """Several tasks in one batch of CPU envs (module docstring, "Several tasks")."""
+    from envs.adapters.libero_adapter import task_index
+
+    backend = resolve_backend(cfg, auto="multiprocess", allowed=BACKENDS)
+    if backend == "batched":
+        raise UserError(f"env.id={cfg.id!r} lists {len(tasks)} tasks; ManiSkill's GPU simulation runs one task per batch, "
+                        "so a task list runs on env.backend=multiprocess (or inprocess).")
+    kwargs = dict(cfg.kwargs)
+    every, only = kwargs.pop("task_every", 1), kwargs.pop("task", None)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise UserError(f"env.kwargs.task_every={every!r} must be a positive integer (envs in a row on one task).")
+    if only is not None and only not in tasks:
+        raise UserError(f"env.kwargs.task={only!r} is not one of env.id's tasks ({', '.join(tasks)}).{did_you_mean(str(only), tasks)}")
+    env_tasks = [only or tasks[task_index(i, len(tasks), every)] for i in range(cfg.num_envs)]
+    base = dataclasses.replace(cfg, kwargs=kwargs)
+    fns = [functools.partial(make_cpu_env, dataclasses.replace(base, id=task), tuple(tasks)) for task in env_tasks]
+    return vectorize(fns, cfg, backend, [instruction_for(task) for task in env_tasks], preload=PRELOAD)
 
 
 # --- GPU-batched backend -------------------------------------------------------------------------------
