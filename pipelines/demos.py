@@ -1,31 +1,35 @@
 """Demonstrations made here: a scripted expert's successful episodes, in ManiSkill's trajectory format.
 
     summary = record_demos(DemoConfig("PickCube-v1", episodes=100, obs_mode="rgb", image_size=32))
+    summary = record_demos(DemoConfig("metaworld_mt10", episodes=50, obs_mode="rgb", image_size=64))
     demos = load_demos([summary.path], chunk=8)          # -> pipelines.demonstrations.Demonstrations
 
-Writing: ManiSkill's own ``RecordEpisode`` wrapper records a ManiSkill env (``pd_ee_delta_pos``,
-the experts' controller) while an expert of :mod:`envs.experts.maniskill` acts from privileged
-state; every episode ends at the env's own ``success`` or at ``max_episode_steps``, and only
-successful ones are written (``flush_trajectory(save=success)``). The files are therefore exactly
-what ManiSkill writes (read by ``ManiSkillTrajectoryDataset``, ``replay_trajectory``, the
-LeRobot converter, ...):
+Writing: the id's source in :mod:`pipelines.demo_sources` (ManiSkill's scripted experts through
+ManiSkill's own ``RecordEpisode``; Meta-World's ``metaworld.policies`` through the project's
+Meta-World adapter; LIBERO's experts the same way) runs the expert, ends every episode at the env's
+own ``success`` or at ``max_episode_steps``, and writes only successful ones, to a temporary file
+renamed to ``out`` once every task has its ``episodes``. The files are ManiSkill's trajectory
+format (read by ``ManiSkillTrajectoryDataset``, ``replay_trajectory`` for ManiSkill's, the LeRobot
+converter, ...):
 
-* ``<out>.h5``: ``traj_<i>`` groups with ``obs`` (T+1 frames; ``agent``/``extra``/``sensor_data``
-  /``<camera>``/``rgb`` uint8 for ``obs_mode=rgb``, one (T+1, D) array for ``state``),
-  ``actions`` (T, A) float32 (A = 4 for pd_ee_delta_pos, 7 for pd_ee_delta_pose), ``terminated``, ``truncated``, ``success`` (T,) bool,
-  ``env_states`` (T+1 states), ``rewards`` (T,);
+* ``<out>.h5``: ``traj_<i>`` groups with ``obs`` (T+1 frames; for ManiSkill's ``obs_mode=rgb``
+  ``agent``/``extra``/``sensor_data``/``<camera>``/``rgb`` uint8, for others ``state`` and
+  ``sensor_data/<camera>/rgb``; one (T+1, D) array for ``state``), ``actions`` (T, A) float32
+  (A = 4 for pd_ee_delta_pos and Meta-World, 7 for pd_ee_delta_pose), ``terminated``,
+  ``truncated``, ``success`` (T,) bool, ``rewards`` (T,); ``env_states`` (T+1 states) for ManiSkill;
 * ``<out>.json``: ``env_info`` (``env_id``, ``env_kwargs``: obs mode, control mode, camera size,
   ..., ``max_episode_steps``) and ``episodes`` (``episode_id``, ``episode_seed``,
   ``reset_kwargs`` with the ``seed``, ``control_mode``, ``elapsed_steps``, ``success``), with
   ``source_type`` "scripted" and ``source_desc``. Added, for language-conditioned policies: the
-  task's ``instruction`` in ``env_info`` and in every episode, and an ``embodied`` entry (the
-  expert, its attempts and successes, the action bounds, the image size).
+  task's ``instruction`` in ``env_info`` (a suite's file: ``instructions`` per task) and in every
+  episode (with the episode's task ``env_id`` in a suite's file), and an ``embodied`` entry (the
+  expert, its attempts and successes overall and per task, the action bounds, the image size).
 
 Reading (:func:`load_demos`): the episodes as the project's env contract shows them to a policy
 (``rgb`` the first camera, ``rgb/<camera>`` the others, ``state`` as
-:class:`envs.adapters.maniskill_adapter.ContractObservation` flattens it, the instruction under
-``policies.base.INSTRUCTION_KEY``), the final frame of each episode left out (no action follows
-it), actions chunked for the policy.
+:class:`envs.adapters.maniskill_adapter.ContractObservation` flattens it, the episode's
+instruction under ``policies.base.INSTRUCTION_KEY``), the final frame of each episode left out (no
+action follows it), actions chunked for the policy. Reading needs h5py, not ManiSkill.
 """
 
 from __future__ import annotations
@@ -34,19 +38,15 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from embodied.errors import UserError
+from pipelines.demo_sources import META_KEY, SOURCE_TYPE, TaskCount, source_for
 from policies.base import INSTRUCTION_KEY
-
-#: ``source_type`` of the files (ManiSkill's own datasets say "human", "motionplanning" or "rl").
-SOURCE_TYPE = "scripted"
-#: The key of the project's additions in the JSON file.
-META_KEY = "embodied"
 
 
 @dataclass
@@ -54,38 +54,42 @@ class DemoConfig:
     """What ``embodied demos ENV_ID [key=value ...]`` records."""
 
     env_id: str
-    """ManiSkill task with a scripted expert (``envs.experts.maniskill.EXPERTS``)."""
+    """A task or suite with a scripted expert (:mod:`pipelines.demo_sources`): ``PickCube-v1``,
+    ``metaworld/<task>``, ``metaworld_mt10``, ``metaworld_mt50``."""
     episodes: int = 100
-    """Successful episodes to keep."""
+    """Successful episodes to keep (per task of a suite)."""
     out: str | None = None
-    """The ``.h5`` file (its ``.json`` beside it). Default:
-    ``demos/<env_id>/scripted/trajectory.<obs_mode>.pd_ee_delta_pos.physx_cpu.h5``, ManiSkill's naming."""
+    """The ``.h5`` file (its ``.json`` beside it). Default: ``demos/<env_id>/scripted/`` and
+    ManiSkill's naming, ``trajectory.<obs_mode>.pd_ee_delta_pos.physx_cpu.h5`` (Meta-World:
+    ``trajectory.<obs_mode>.mujoco.h5``)."""
     obs_mode: str = "rgb"
-    """``rgb`` (camera frames + the robot's own state), ``state`` (privileged state) or ``state+rgb``."""
+    """``rgb`` (camera frames, and for ManiSkill the robot's own state), ``state`` (privileged state) or ``state+rgb``."""
     image_size: int = 128
     """Camera frames' height and width in pixels; the size the policy's env gives (``env.image_size``)."""
     seed: int = 0
-    """Attempt i resets with seed ``seed + i``."""
-    max_episode_steps: int = 100
-    """An episode that has not succeeded by then is dropped (and counted)."""
+    """Attempt i (of each task) resets with seed ``seed + i``."""
+    max_episode_steps: int | None = None
+    """An episode that has not succeeded by then is dropped (and counted). Default: the source's
+    (ManiSkill 100, Meta-World 500)."""
     max_attempts: int | None = None
-    """Episodes to try at most (default ``2 * episodes + 10``); fewer kept is a UserError."""
-    control_mode: str = "pd_ee_delta_pos"
-    """The controller: ``pd_ee_delta_pos`` (4 dimensions) or ``pd_ee_delta_pose`` (7, as OpenVLA
-    checkpoints' actions; the expert's rotation stays zero)."""
+    """Episodes to try at most per task (default ``2 * episodes + 10``); fewer kept is a UserError."""
+    control_mode: str | None = None
+    """ManiSkill's controller: ``pd_ee_delta_pos`` (4 dimensions, the default) or ``pd_ee_delta_pose``
+    (7, as OpenVLA checkpoints' actions; the expert's rotation stays zero). Meta-World has one."""
     overwrite: bool = False
     """Replace an existing ``out`` (otherwise an existing file is an error)."""
 
 
 @dataclass
 class DemoSummary:
-    """Where the demonstrations went and how the expert did."""
+    """Where the demonstrations went and how the expert did (overall and per task)."""
 
     path: Path
     kept: int
     attempted: int
     seeds: list[int]
     wall_s: float
+    tasks: dict[str, TaskCount] = field(default_factory=dict)
 
     @property
     def success_rate(self) -> float:
@@ -93,117 +97,36 @@ class DemoSummary:
 
 
 def default_out(cfg: DemoConfig) -> Path:
-    return Path("demos") / cfg.env_id / SOURCE_TYPE / f"trajectory.{cfg.obs_mode.replace('+', '_')}.{cfg.control_mode}.physx_cpu.h5"
-
-
-def _env_config(cfg: DemoConfig):
-    from envs.adapters.maniskill_adapter import OBS_MODES
-    from envs.config import EnvConfig
-    from envs.experts.maniskill import CONTROL_MODES
-
-    if cfg.obs_mode not in OBS_MODES:
-        raise UserError(f"obs_mode={cfg.obs_mode!r} must be one of {', '.join(OBS_MODES)}.")
-    if cfg.control_mode not in CONTROL_MODES:
-        raise UserError(f"control_mode={cfg.control_mode!r} must be one of {', '.join(CONTROL_MODES)} (what the scripted experts command).")
-    return EnvConfig(id=cfg.env_id, obs_mode=cfg.obs_mode, image_size=cfg.image_size,
-                     max_episode_steps=cfg.max_episode_steps, kwargs={"control_mode": cfg.control_mode})
+    return Path("demos") / cfg.env_id / SOURCE_TYPE / source_for(cfg.env_id).file_name(cfg)
 
 
 def record_demos(cfg: DemoConfig, log: Callable[[str], None] = print) -> DemoSummary:
-    """Run the task's scripted expert until ``cfg.episodes`` successful episodes are written to
-    ``cfg.out`` (see the module docstring); a progress line after every episode."""
-    from envs.adapters.maniskill_adapter import check_task, instruction_for, make_raw_maniskill
-    from envs.experts.maniskill import expert_for
-
+    """Run the id's scripted expert until ``cfg.episodes`` successful episodes of each task are
+    written to ``cfg.out`` (see the module docstring); a progress line after every episode."""
     if cfg.episodes < 1:
         raise UserError(f"episodes={cfg.episodes} must be at least 1.")
-    expert = expert_for(cfg.env_id)
+    source = source_for(cfg.env_id)
     out = Path(cfg.out) if cfg.out else default_out(cfg)
     if out.suffix != ".h5":
         raise UserError(f"out={str(out)!r} must name an .h5 file (its .json goes beside it), as ManiSkill's trajectories are.")
     if not cfg.overwrite and (out.exists() or out.with_suffix(".json").exists()):
         raise UserError(f"{out} already exists; give another out=PATH or overwrite=true.")
-    max_attempts = cfg.max_attempts or 2 * cfg.episodes + 10
-    env_cfg = _env_config(cfg)
-    check_task(cfg.env_id)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_name = f".tmp-{out.stem}-{os.getpid()}"
-    from mani_skill.utils.wrappers.record import RecordEpisode
-
+    tmp = out.parent / f".tmp-{out.stem}-{os.getpid()}.h5"
     t0 = time.perf_counter()
-    raw = make_raw_maniskill(env_cfg, "physx_cpu", 1)
-    t_built = time.perf_counter()
-    env = RecordEpisode(
-        raw, str(out.parent), trajectory_name=tmp_name, save_video=False, save_on_reset=False, record_reward=True,
-        source_type=SOURCE_TYPE, source_desc=f"envs.experts.maniskill scripted expert of {cfg.env_id} on privileged state "
-                                             f"through {env_cfg.kwargs['control_mode']}; successful episodes only",
-    )
-    kept, attempted, seeds = 0, 0, []
     try:
-        while kept < cfg.episodes and attempted < max_attempts:
-            seed = cfg.seed + attempted
-            ok = _run_episode(env, expert, seed, cfg.max_episode_steps, cfg.control_mode)
-            attempted += 1
-            env.flush_trajectory(save=ok)
-            if ok:
-                kept += 1
-                seeds.append(seed)
-            rate = kept / attempted
-            per_s = attempted / (time.perf_counter() - t_built)
-            eta = (cfg.episodes - kept) / max(rate, 1e-6) / per_s
-            log(f"[demos] {cfg.env_id}: {kept}/{cfg.episodes} kept of {attempted} tried (expert success {rate:.0%}), "
-                f"{per_s:.2f} episodes/s, ~{eta:.0f} s left")
-    finally:
-        env.close()  # writes the JSON (ids are consecutive: only kept episodes were saved)
-    tmp_h5, tmp_json = out.parent / f"{tmp_name}.h5", out.parent / f"{tmp_name}.json"
-    if kept < cfg.episodes:
-        for f in (tmp_h5, tmp_json):
+        recorded = source.record(cfg, tmp, log)
+    except BaseException:
+        for f in (tmp, tmp.with_suffix(".json")):
             f.unlink(missing_ok=True)
-        raise UserError(f"the {cfg.env_id} expert succeeded in {kept} of {attempted} episodes (seeds {cfg.seed}..{cfg.seed + attempted - 1}), "
-                        f"fewer than episodes={cfg.episodes}; raise max_attempts or max_episode_steps.")
-    _annotate(tmp_json, instruction_for(cfg.env_id), cfg, raw, kept, attempted)
-    tmp_h5.replace(out)
-    tmp_json.replace(out.with_suffix(".json"))
+        raise
+    tmp.replace(out)
+    tmp.with_suffix(".json").replace(out.with_suffix(".json"))
     wall_s = time.perf_counter() - t0
-    log(f"[demos] wrote {kept} episodes of {cfg.env_id} to {out} (+ .json); expert success {kept}/{attempted} "
-        f"= {kept / attempted:.0%} on seeds {cfg.seed}..{cfg.seed + attempted - 1}, {wall_s:.0f} s")
-    return DemoSummary(out, kept, attempted, seeds, wall_s)
-
-
-def _run_episode(env: Any, expert: Any, seed: int, max_steps: int, control_mode: str) -> bool:
-    """One episode from ``reset(seed)`` until the env's success or ``max_steps``: whether it succeeded."""
-    import torch
-
-    from envs.experts.maniskill import for_control_mode
-
-    env.reset(seed=seed)
-    expert.reset()
-    for _ in range(max_steps):
-        action = torch.as_tensor(for_control_mode(expert(env), control_mode))[None]  # (1, A): the batched raw env
-        _, _, terminated, truncated, info = env.step(action)
-        if bool(info["success"][0]):
-            return True
-        if bool(terminated[0]) or bool(truncated[0]):
-            return False
-    return False
-
-
-def _annotate(json_path: Path, instruction: str, cfg: DemoConfig, raw: Any, kept: int, attempted: int) -> None:
-    """Add the instruction (``env_info`` and each episode) and the project's record to the JSON."""
-    from mani_skill.utils.io_utils import dump_json, load_json
-
-    data = load_json(json_path)
-    data["env_info"]["instruction"] = instruction
-    for episode in data["episodes"]:
-        episode["instruction"] = instruction
-    space = raw.unwrapped.single_action_space
-    data[META_KEY] = {
-        "expert": f"envs.experts.maniskill:{cfg.env_id}", "attempted": attempted, "succeeded": kept,
-        "success_rate": kept / attempted, "first_seed": cfg.seed, "obs_mode": cfg.obs_mode,
-        "image_size": cfg.image_size if cfg.obs_mode != "state" else None,
-        "action_low": np.asarray(space.low, np.float64).tolist(), "action_high": np.asarray(space.high, np.float64).tolist(),
-    }
-    dump_json(json_path, data, indent=2)
+    seeds = f"seeds {cfg.seed}..{cfg.seed + max(c.attempted for c in recorded.tasks.values()) - 1}"
+    log(f"[demos] wrote {recorded.kept} episodes of {cfg.env_id} to {out} (+ .json); expert success {recorded.kept}/{recorded.attempted} "
+        f"= {recorded.kept / recorded.attempted:.0%} on {seeds}{' per task' if len(recorded.tasks) > 1 else ''}, {wall_s:.0f} s")
+    return DemoSummary(out, recorded.kept, recorded.attempted, recorded.seeds, wall_s, recorded.tasks)
 
 
 # --- reading --------------------------------------------------------------------------------------------
@@ -217,7 +140,8 @@ class DemoFile:
     env_id: str
     control_mode: str | None
     obs_mode: str
-    instruction: str
+    instruction: str | None
+    """The file's one instruction; None for a suite's file, whose episodes name theirs."""
     episodes: list[dict[str, Any]]
     action_low: np.ndarray
     action_high: np.ndarray
@@ -226,48 +150,59 @@ class DemoFile:
 
 def read_meta(path: str | Path) -> DemoFile:
     """The metadata of a demonstration file (``.h5``; its ``.json`` beside it)."""
-    from mani_skill.utils.io_utils import load_json
-
     path = Path(path)
     json_path = path.with_suffix(".json")
     if path.suffix != ".h5" or not path.is_file() or not json_path.is_file():
         raise UserError(f"demos={str(path)!r}: expected a ManiSkill trajectory .h5 file with its .json beside it "
                         "(`embodied demos ENV_ID` writes them).")
-    data = load_json(json_path)
+    data = json.loads(json_path.read_text())
     info = data.get("env_info") or {}
     kwargs = info.get("env_kwargs") or {}
     meta = data.get(META_KEY) or {}
     episodes = data.get("episodes") or []
     if not episodes:
         raise UserError(f"demos={str(path)!r} holds no episodes.")
-    from envs.adapters.maniskill_adapter import instruction_for
-
-    instruction = info.get("instruction") or instruction_for(info["env_id"])
     if "action_low" not in meta:
         raise UserError(f"demos={str(path)!r} was not written by `embodied demos` (its JSON has no '{META_KEY}' entry with the action bounds).")
+    instruction = info.get("instruction")
+    if instruction is None and not all("instruction" in e for e in episodes):
+        from envs.adapters.maniskill_adapter import instruction_for
+
+        instruction = instruction_for(info["env_id"])
     obs_mode = meta.get("obs_mode") or kwargs.get("obs_mode", "state")
     return DemoFile(path, info["env_id"], kwargs.get("control_mode"), obs_mode, instruction, episodes,
                     np.asarray(meta["action_low"], np.float32), np.asarray(meta["action_high"], np.float32), meta.get("image_size"))
 
 
 def episode_observations(obs: Any, obs_mode: str) -> dict[str, np.ndarray]:
-    """One trajectory's ``obs`` (as ManiSkill stored it, loaded to numpy) -> the contract's
-    ``{"state", "rgb", "rgb/<camera>"}`` arrays of its T+1 frames."""
+    """One trajectory's ``obs`` (as the file stores it, loaded to numpy) -> the contract's
+    ``{"state", "rgb", "rgb/<camera>"}`` arrays of its T+1 frames (``rgb`` frames without
+    ``agent``/``extra`` state, as Meta-World's, give no ``state``)."""
     from envs.adapters.maniskill_adapter import camera_keys, flatten_state
 
     if obs_mode == "state":
         return {"state": np.asarray(obs, np.float32).reshape(len(obs), -1)}
-    if obs_mode == "state+rgb":
-        out = {"state": np.asarray(obs["state"], np.float32).reshape(len(obs["state"]), -1)}
-    else:
+    out: dict[str, np.ndarray] = {}
+    if "state" in obs:
+        out["state"] = np.asarray(obs["state"], np.float32).reshape(len(obs["state"]), -1)
+    elif obs_mode == "rgb" and ("agent" in obs or "extra" in obs):
         parts = {k: obs[k] for k in ("agent", "extra") if k in obs}
         frames = len(next(iter(obs["sensor_data"].values()))["rgb"])
-        out = {"state": np.stack([flatten_state(_frame(parts, t)) for t in range(frames)])}
+        out["state"] = np.stack([flatten_state(_frame(parts, t)) for t in range(frames)])
     sensors = obs.get("sensor_data", {})
     cameras = camera_keys([cam for cam in sensors if "rgb" in sensors[cam]])
     for cam, key in cameras.items():
         out[key] = np.ascontiguousarray(sensors[cam]["rgb"][..., :3], dtype=np.uint8)
     return out
+
+
+def read_group(group: Any) -> Any:
+    """An h5py dataset as numpy, a group as a dict of them (what ManiSkill's ``load_h5_data`` gives)."""
+    import h5py
+
+    if isinstance(group, h5py.Dataset):
+        return group[()]
+    return {k: read_group(group[k]) for k in group.keys()}
 
 
 def _frame(tree: dict[str, Any], t: int) -> dict[str, Any]:
@@ -280,7 +215,6 @@ def load_demos(paths: Sequence[str | Path], chunk: int = 1, limit: int | None = 
     keys plus the instruction, actions (N, C, A) chunked (``chunks_of``), ``episode`` numbering
     the episodes across files. ``limit``: at most that many episodes per file."""
     import h5py
-    from mani_skill.trajectory.dataset import load_h5_data
 
     from pipelines.demonstrations import Demonstrations, chunks_of
 
@@ -293,7 +227,7 @@ def load_demos(paths: Sequence[str | Path], chunk: int = 1, limit: int | None = 
         attempted += len(meta.episodes)
         with h5py.File(meta.path, "r") as h5:
             for entry in meta.episodes[:limit]:
-                traj = load_h5_data(h5[f"traj_{entry['episode_id']}"])
+                traj = read_group(h5[f"traj_{entry['episode_id']}"])
                 steps = len(traj["actions"])
                 obs = episode_observations(traj["obs"], meta.obs_mode)
                 obs = {k: v[:steps] for k, v in obs.items()}  # the final frame has no action
@@ -341,6 +275,11 @@ def parse_demo_args(env_id: str, overrides: list[str]) -> DemoConfig:
 
 
 def summary_json(summary: DemoSummary) -> str:
-    return json.dumps({"path": str(summary.path), "kept": summary.kept, "attempted": summary.attempted,
-                       "success_rate": round(summary.success_rate, 4), "seeds": [summary.seeds[0], summary.seeds[-1]]
-                       if summary.seeds else [], "wall_s": round(summary.wall_s, 1)})
+    """The last line of ``embodied demos``: file, counts, seeds, time and, for a suite, each task's counts."""
+    data: dict[str, Any] = {"path": str(summary.path), "kept": summary.kept, "attempted": summary.attempted,
+                            "success_rate": round(summary.success_rate, 4),
+                            "seeds": [summary.seeds[0], summary.seeds[-1]] if summary.seeds else [], "wall_s": round(summary.wall_s, 1)}
+    if len(summary.tasks) > 1:
+        data["tasks"] = {task: {"kept": c.kept, "attempted": c.attempted, "success_rate": round(c.success_rate, 4)}
+                         for task, c in summary.tasks.items()}
+    return json.dumps(data)

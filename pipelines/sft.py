@@ -110,7 +110,7 @@ def check_recipe_fits(cfg: Any, metas: list[Any]) -> None:
     ids = sorted({m.env_id for m in metas})
     if cfg.env.id not in ids or len(ids) > 1:
         raise UserError(f"the demonstrations are of {', '.join(ids)}, the recipe's env.id is {cfg.env.id!r}; give env.id={ids[0]} "
-                        "(one task per run) or demos of that task.")
+                        f"(one env per run) or demos of that env (a suite's tasks in one file: `embodied demos {cfg.env.id}`).")
     for meta in metas:
         mode = cfg.env.kwargs.get("control_mode")
         if meta.control_mode is not None and mode != meta.control_mode:

@@ -95,7 +95,9 @@ def build_sft_config(target: str, sft: Any, overrides: list[str]) -> Any:
     if not sft.demos:
         raise UserError("embodied sft needs demos=PATH (an .h5 file `embodied demos ENV_ID` wrote).")
     meta = read_meta(sft.demos[0])
-    env = [f"env.id={meta.env_id}", f"env.obs_mode={meta.obs_mode}", f"env.kwargs.control_mode={meta.control_mode}"]
+    env = [f"env.id={meta.env_id}", f"env.obs_mode={meta.obs_mode}"]
+    # ManiSkill demos name their controller; others (Meta-World) have one, and the tiny recipes' ManiSkill kwargs do not apply
+    env.append(f"env.kwargs.control_mode={meta.control_mode}" if meta.control_mode is not None else "env.kwargs={}")
     if meta.image_size is not None:
         env.append(f"env.image_size={meta.image_size}")
     if any(o.split("=", 1)[0] in ("policy.path", "policy.kwargs.path") for o in overrides):
