@@ -96,13 +96,17 @@ def build_sft_config(target: str, sft: Any, overrides: list[str]) -> Any:
         raise UserError("embodied sft needs demos=PATH (an .h5 file `embodied demos ENV_ID` wrote).")
     meta = read_meta(sft.demos[0])
     env = [f"env.id={meta.env_id}", f"env.obs_mode={meta.obs_mode}"]
-    # ManiSkill demos name their controller; others (Meta-World) have one, and the tiny recipes' ManiSkill kwargs do not apply
-    env.append(f"env.kwargs.control_mode={meta.control_mode}" if meta.control_mode is not None else "env.kwargs={}")
+    if meta.control_mode is not None:
+        env.append(f"env.kwargs.control_mode={meta.control_mode}")
     if meta.image_size is not None:
         env.append(f"env.image_size={meta.image_size}")
     if any(o.split("=", 1)[0] in ("policy.path", "policy.kwargs.path") for o in overrides):
         env.append("policy.kwargs.tiny=null")
-    return build_train_config([POLICY_RECIPES[target], *env, *overrides])
+    cfg = build_train_config([POLICY_RECIPES[target], *env, *overrides])
+    if meta.control_mode is None:  # demos of an env with one controller (Meta-World): the tiny recipes' ManiSkill one goes
+        kwargs = {k: v for k, v in cfg.env.kwargs.items() if k != "control_mode"}
+        cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, kwargs=kwargs))
+    return cfg
 
 
 def cmd_sft(args: list[str]) -> int:

@@ -113,9 +113,14 @@ def test_sft_accepts_mt10_demos_for_an_mt10_recipe_and_refuses_one_task_for_it(m
     pytest.importorskip("transformers", reason="the VLA recipes need the vla extra")
     from pipelines.cli import build_train_config
     from pipelines.sft import check_recipe_fits
+    from pipelines.sft_cli import build_sft_config, parse_sft_args
 
     recipe = "maniskill_pickcube_openvlaoft_ppo_tiny"
     check_recipe_fits(build_train_config([recipe, "env.id=metaworld_mt10", "env.obs_mode=state", "env.kwargs={}"]), [read_meta(mt10_file.path)])
+    target, sft, overrides = parse_sft_args(["openvla_oft", f"demos={mt10_file.path}"])  # `embodied sft openvla_oft demos=...`
+    cfg = build_sft_config(target, sft, overrides)
+    assert (cfg.env.id, cfg.env.obs_mode, cfg.env.kwargs) == ("metaworld_mt10", "state", {})  # no ManiSkill controller left
+    check_recipe_fits(cfg, [read_meta(mt10_file.path)])
     with pytest.raises(UserError, match="metaworld/reach-v3"):
         check_recipe_fits(build_train_config([recipe, "env.id=metaworld_mt10", f"env.image_size={SIZE}", "env.kwargs={}"]),
                           [read_meta(rgb_file[0].path)])
