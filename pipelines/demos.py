@@ -213,7 +213,8 @@ def load_demos(paths: Sequence[str | Path], chunk: int = 1, limit: int | None = 
     """Every episode of ``paths`` (files of one or several tasks) as a
     :class:`pipelines.demonstrations.Demonstrations` of frames: observations in the contract's
     keys plus the instruction, actions (N, C, A) chunked (``chunks_of``), ``episode`` numbering
-    the episodes across files. ``limit``: at most that many episodes per file."""
+    the episodes across files. ``limit``: at most that many episodes per task of each file (a
+    suite's file holds every task's, in task order)."""
     import h5py
 
     from pipelines.demonstrations import Demonstrations, chunks_of
@@ -225,8 +226,13 @@ def load_demos(paths: Sequence[str | Path], chunk: int = 1, limit: int | None = 
     for path in paths:
         meta = read_meta(path)
         attempted += len(meta.episodes)
+        per_task: dict[str, int] = {}
         with h5py.File(meta.path, "r") as h5:
-            for entry in meta.episodes[:limit]:
+            for entry in meta.episodes:
+                task = entry.get("env_id", meta.env_id)
+                per_task[task] = per_task.get(task, 0) + 1
+                if limit is not None and per_task[task] > limit:
+                    continue
                 traj = read_group(h5[f"traj_{entry['episode_id']}"])
                 steps = len(traj["actions"])
                 obs = episode_observations(traj["obs"], meta.obs_mode)

@@ -78,7 +78,7 @@ class SFTConfig:
     max_grad_norm: float = 1.0
     """Gradient clipping (global norm)."""
     episodes: int | None = None
-    """At most this many episodes of each file (None: all)."""
+    """At most this many episodes of each file, of each task of a suite's file (None: all)."""
     time_budget_s: float = 0.0
     """Stop after the epoch that passes this much training time (0: no limit)."""
     overwrite: bool = False

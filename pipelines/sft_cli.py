@@ -14,7 +14,7 @@ epoch; the last line is a JSON summary.
     embodied train maniskill_pickcube_openvlaoft_ppo_tiny policy.init=runs/sft-pick
 
 Keys of its own: demos, out (runs/sft-<recipe>-<time>), epochs (10), lr (1e-4), batch_size (32),
-val_fraction (0.1), max_grad_norm (1.0), episodes (per file; all), time_budget_s (0: none), overwrite (false).
+val_fraction (0.1), max_grad_norm (1.0), episodes (per file, per task of a suite's; all), time_budget_s (0: none), overwrite (false).
 """
 
 from __future__ import annotations

@@ -98,6 +98,7 @@ def test_a_suite_is_one_file_with_each_episodes_task_and_instruction(mt10_file) 
     assert set(demos.obs) == {"state", INSTRUCTION_KEY} and demos.obs["state"].shape[1:] == (39,) and demos.episodes == 10
     first_of_each = [demos.obs[INSTRUCTION_KEY][demos.episode == i][0] for i in range(10)]
     assert first_of_each == [INSTRUCTIONS[t] for t in MT10]
+    assert load_demos([summary.path], limit=1).episodes == 10  # the limit is per task of a suite's file
 
 
 @pytest.mark.slow  # the MT10 file: ten Meta-World task sets to build (~2-4 s each)
