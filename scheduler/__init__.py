@@ -15,7 +15,7 @@ from scheduler.cost_model import CostModel, fit_cost_model
 from scheduler.graph import Dep, Task, call_sizes, chunk_sizes
 from scheduler.memory import memory_violations, peak_memory_gib
 from scheduler.placements import PLACEMENT_MODES
-from scheduler.plans import GPU_SHARING, MODES, SHARED, STREAMS, Plan, Span, Timeline, split_devices
+from scheduler.plans import GPU_OVERLAP, GPU_SHARING, GPU_SWITCH, MODES, SHARED, STREAMS, Plan, Span, Timeline, split_devices
 from scheduler.profile import WEIGHT_SYNC, ComponentProfile, Profile
 from scheduler.resources import Device, Resources
 from scheduler.search import PlanningError, PlanResult, plan, sequential_plan
@@ -23,7 +23,9 @@ from scheduler.simulate import predict, simulate, task_graph
 from scheduler.flows import FLOW_KINDS, MacroFlow, FlowKind
 
 __all__ = [
+    "GPU_OVERLAP",
     "GPU_SHARING",
+    "GPU_SWITCH",
     "MODES",
     "PLACEMENT_MODES",
     "SHARED",

@@ -24,11 +24,13 @@ LANE_MODES = (SHARED, STREAMS)
 
 GPU_SWITCH = "switch"
 """GPU sharing: the components on one GPU run one task at a time (colocated with context
-switching); a task that follows another component's on a GPU pays ``Profile.gpu_switch_s``."""
+switching); a task that follows another component's on a GPU pays ``Profile.gpu_switch_s``. The
+runtime's env and rollout take turns (the rollout decides for no chunk while the env steps one)."""
 
 GPU_OVERLAP = "overlap"
 """GPU sharing: the pool components (env and rollout) on one GPU run at the same time (streamed),
-each slowed down by ``Profile.gpu_contention`` while the other runs."""
+each slowed down by ``Profile.gpu_contention`` while the other runs. The runtime keeps both
+resident and pipelines the chunks (the env steps chunk c+1 while chunk c is decided for)."""
 
 GPU_SHARING = (GPU_SWITCH, GPU_OVERLAP)
 """How a GPU simulator shares its GPU with the other components, simplest first (tie-break order)."""
@@ -38,10 +40,12 @@ GPU_SHARING = (GPU_SWITCH, GPU_OVERLAP)
 class Plan:
     """A micro flow the runtime executes.
 
-    The runtime acts on ``placement``, ``num_chunks``, ``train_microbatch``, ``offload`` and, in
-    ``shared`` and ``streams`` modes, on ``lanes``; ``mode`` names the shape of the placement for
-    humans and logs, except ``shared``, which also tells the runtime to leave the pool components
-    unpinned, and ``streams``, which tells it to run one pool rank per stream.
+    The runtime acts on ``placement``, ``num_chunks``, ``train_microbatch``, ``offload``, on
+    ``gpu_sharing`` (``switch``: env and rollout on a shared device take turns; ``overlap``: they
+    pipeline the chunks side by side) and, in ``shared`` and ``streams`` modes, on ``lanes``;
+    ``mode`` names the shape of the placement for humans and logs, except ``shared``, which also
+    tells the runtime to leave the pool components unpinned, and ``streams``, which tells it to
+    run one pool rank per stream.
     """
 
     mode: str

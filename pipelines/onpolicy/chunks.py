@@ -131,6 +131,7 @@ class EnvChunks:
         if c == 0:
             self.episodes: list[dict[str, float]] = []
             self.sim_s, self.env_steps, self.nonfinite = 0.0, 0, 0
+            self.sim_spans: list[tuple[float, float]] = []  # (start_s, end_s) of every simulator call
             self.decisions = [0] * self.num_chunks
             # grouped: the iteration's rollouts are each env's first episode; the ones that start after
             # it (auto-reset) are cut short by the next iteration's reset and trained on by nobody
@@ -144,8 +145,14 @@ class EnvChunks:
                 self.obs[c] = env.reset(seed=seeds)
             elif self.obs[c] is None:
                 self.obs[c] = env.reset(seed=self.seeds[c])
-            self.sim_s += time.perf_counter() - t0
+            self._simulated(t0)
         return EnvOutput(with_instructions(self.obs[c], self.instructions[c]), group_ids=group_ids)
+
+    def _simulated(self, t0: float) -> None:
+        """Count a simulator call that began at ``t0`` (``time.perf_counter``) and ends now."""
+        t1 = time.perf_counter()
+        self.sim_s += t1 - t0
+        self.sim_spans.append((t0, t1))
 
     def step(self, c: int, actions: np.ndarray) -> EnvOutput:
         """Step chunk ``c`` with one decision's ``actions`` (an action chunk for chunk policies)."""
@@ -153,7 +160,7 @@ class EnvChunks:
         with self._naming(c):
             t0 = time.perf_counter()
             res = env.chunk_step(actions) if self.cfg.policy.action_chunk > 1 else env.step(actions)
-            self.sim_s += time.perf_counter() - t0
+            self._simulated(t0)
         self.decisions[c] += 1
         out = env_output(res, self.instructions[c])
         dropped = res.info.get(NONFINITE_INFO_KEY)
@@ -187,10 +194,11 @@ class EnvChunks:
 
     def tallies(self) -> dict[str, Any]:
         """The iteration so far: the episodes that finished (grouped: each env's first, the rollouts
-        GRPO compares), the seconds spent simulating, the env steps taken, the episodes
+        GRPO compares), the seconds spent simulating and the ``(start_s, end_s)`` spans of those
+        calls (:mod:`pipelines.onpolicy.spans`), the env steps taken, the episodes
         ``env.nonfinite=drop`` ended (whose last step is not counted) and the decisions each chunk
         took (fewer than asked where the rollout stopped it)."""
-        return {"episodes": self.episodes, "sim_s": self.sim_s, "env_steps": self.env_steps,
+        return {"episodes": self.episodes, "sim_s": self.sim_s, "sim_spans": self.sim_spans, "env_steps": self.env_steps,
                 "nonfinite_episodes": self.nonfinite, "decisions": self.decisions}
 
     def close(self) -> None:

@@ -71,6 +71,7 @@ class Inference:
         if self.version < 0:
             raise RuntimeError("generate() before load_weights(): the rollout has no policy weights")
         self.infer_s = 0.0
+        self.infer_spans: list[tuple[float, float]] = []  # (start_s, end_s) of every decision
         self.num_steps = num_steps
         self.taken = dict.fromkeys(self.keys, 0)  # env outputs recorded per chunk key
 
@@ -78,7 +79,7 @@ class Inference:
         """Record chunk ``key``'s next env output (its first observation, then each step's) and
         return the env actions of its next decision; None after the last decision, or when the
         chunk needs no more steps (episodic: its first episodes are all over)."""
-        with self.timed():
+        with self.timed(span=True):
             rec, t = self.recorders[key], self.taken[key]
             self.taken[key] = t + 1
             if t == 0:
@@ -90,14 +91,18 @@ class Inference:
             return None
 
     @contextmanager
-    def timed(self) -> Iterator[None]:
+    def timed(self, span: bool = False) -> Iterator[None]:
         """Count the block's seconds as the rollout's (``infer_s``): its inference and recording,
-        and sending their results where a channel takes them."""
+        and sending their results where a channel takes them; ``span``: the block is a decision,
+        whose ``(start_s, end_s)`` goes to ``infer_spans`` (:mod:`pipelines.onpolicy.spans`)."""
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            self.infer_s += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            self.infer_s += t1 - t0
+            if span:
+                self.infer_spans.append((t0, t1))
 
     def finish(self) -> TrajectoryBatch:
         """The collection's batch over every served chunk (its decisions, padded to the collection's)."""
@@ -105,9 +110,9 @@ class Inference:
             return TrajectoryBatch.concat([self.recorders[k].finish(self.version, self.num_steps) for k in self.keys])
 
     def end(self) -> dict[str, Any]:
-        """The collection ends: seconds of inference, the weights' version; with offloading the
-        weights leave the device (and the seconds of both moves)."""
-        out: dict[str, Any] = {"infer_s": self.infer_s, "version": self.version}
+        """The collection ends: seconds of inference, the spans of the decisions, the weights'
+        version; with offloading the weights leave the device (and the seconds of both moves)."""
+        out: dict[str, Any] = {"infer_s": self.infer_s, "infer_spans": self.infer_spans, "version": self.version}
         if self.offload_between_phases:
             out.update(onload_s=self.onload_s, offload_s=self.offloader.offload().seconds)
         return out

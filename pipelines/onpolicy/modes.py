@@ -30,7 +30,7 @@ from pipelines.config import EmbodiedConfig
 from pipelines.layout import Layout
 from pipelines.onpolicy.chunks import Pinning
 from pipelines.onpolicy.workers import BlockRoute, EnvWorker, RolloutWorker, StreamWorker
-from scheduler import MacroFlow, Plan, Profile, Resources, chunk_sizes, simulate
+from scheduler import GPU_SWITCH, MacroFlow, Plan, Profile, Resources, chunk_sizes, simulate
 
 LOG = logging.getLogger("embodied")
 
@@ -58,6 +58,15 @@ def offloads(cfg: EmbodiedConfig, component: str, layout: Layout) -> bool:
         LOG.warning("[m2flow] the plan offloads the trainer between phases; its FSDP shards stay on their devices")
         return False
     return component in (forced if forced is not None else layout.plan.offload)
+
+
+def takes_turns(layout: Layout) -> bool:
+    """Whether the env and the rollout take turns (never run at once): a ``switch`` plan
+    (``Plan.gpu_sharing``) whose env and rollout share a device. The rollout then decides for no
+    chunk while the env steps one (:meth:`RolloutWorker.configure`); an ``overlap`` plan, or none,
+    pipelines the chunks, both resident, the env stepping chunk c+1 while chunk c is decided for."""
+    plan = layout.plan
+    return plan.gpu_sharing == GPU_SWITCH and bool(set(plan.placement["env"]) & set(plan.placement["rollout"]))
 
 
 def simulator_device(cfg: EmbodiedConfig) -> str:
@@ -304,7 +313,7 @@ class Pipelined(RunMode):
         assert self.spaces is not None
         return WorkerGroup(s.cluster, RolloutWorker, len(layout.ranks_of("rollout")), s.cfg, *self.spaces,
                            layout.num_chunks, pins["rollout"], s.needs_critic, s.grouped, offloads(s.cfg, "rollout", layout),
-                           name="rollout", resources=requests["rollout"])
+                           takes_turns(layout), name="rollout", resources=requests["rollout"])
 
     def connect(self, layout: Layout) -> None:
         self.observations = Channel("observations", self.rollout, source="env")
@@ -340,7 +349,8 @@ class Pipelined(RunMode):
         if "env" not in rebuild:
             calls.append(self.env.remote.configure(self.env_chunks(layout), pins["env"], self.env_split(layout.plan)).as_phase())
         if "rollout" not in rebuild:
-            calls.append(self.rollout.remote.configure(layout.num_chunks, pins["rollout"], offloads(cfg, "rollout", layout)))
+            calls.append(self.rollout.remote.configure(layout.num_chunks, pins["rollout"], offloads(cfg, "rollout", layout),
+                                                       takes_turns(layout)))
         return calls
 
 

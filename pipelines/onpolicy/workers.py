@@ -124,16 +124,19 @@ class RolloutWorker(Worker):
     def __init__(
         self, cfg: EmbodiedConfig, observation_space: Any, action_space: Any, num_chunks: int,
         pinning: Pinnings | None = None, record_values: bool = True, episodic: bool = False, offload: bool = False,
+        turns: bool = False,
     ) -> None:
-        """``record_values``, ``episodic``: see :class:`Inference`; ``offload``: :meth:`configure`."""
+        """``record_values``, ``episodic``: see :class:`Inference`; ``offload``, ``turns``: :meth:`configure`."""
         self.cfg = cfg
         self.inference = Inference(cfg, observation_space, action_space, self.rank, record_values, episodic)
-        self.configure(num_chunks, pinning or Pinning(None, cfg.workers.rollout_threads), offload)
+        self.configure(num_chunks, pinning or Pinning(None, cfg.workers.rollout_threads), offload, turns)
 
-    def configure(self, num_chunks: int, pinning: Pinnings, offload: bool = False) -> None:
+    def configure(self, num_chunks: int, pinning: Pinnings, offload: bool = False, turns: bool = False) -> None:
         """Serve the keys of ``num_chunks`` chunks per env worker, pinned as ``pinning`` says
-        (``offload``: :meth:`Inference.configure`)."""
+        (``offload``: :meth:`Inference.configure`). ``turns``: take turns with the env, never
+        deciding while it steps (a ``switch`` plan's GPU shared by env and rollout; :meth:`generate`)."""
         own(pinning, self.rank).apply()
+        self.num_chunks, self.turns = num_chunks, turns
         total_keys = self.cfg.workers.env * num_chunks
         self.inference.configure([k for k in range(total_keys) if k % self.world_size == self.rank], offload)
 
@@ -141,10 +144,20 @@ class RolloutWorker(Worker):
         return self.inference.load_weights(payload)
 
     def generate(self, num_steps: int, obs_channel: Channel, action_channel: Channel, traj_channel: Channel) -> dict[str, Any]:
-        """Decide ``num_steps`` times for every served chunk as its env outputs arrive, send the
-        batch to the trainer; returns :meth:`Inference.end`."""
+        """Decide ``num_steps`` times for every served chunk, send the batch to the trainer; returns
+        :meth:`Inference.end`. Pipelined, each chunk is decided for as its env output arrives (the
+        env steps chunk c+1 meanwhile); taking turns (:meth:`configure`), see :meth:`_decide_in_turns`."""
         inference = self.inference
         inference.begin(num_steps)
+        if self.turns:
+            self._decide_in_turns(num_steps, obs_channel, action_channel)
+        else:
+            self._decide_pipelined(num_steps, obs_channel, action_channel)
+        send_batch(traj_channel, inference.finish())
+        return inference.end()
+
+    def _decide_pipelined(self, num_steps: int, obs_channel: Channel, action_channel: Channel) -> None:
+        inference = self.inference
         active = list(inference.keys)
         for t in range(num_steps + 1):
             for key in list(active):
@@ -154,8 +167,27 @@ class RolloutWorker(Worker):
                         action_channel.put(key, actions)
                     if actions is None:  # the env stops stepping the chunk
                         active.remove(key)
-        send_batch(traj_channel, inference.finish())
-        return inference.end()
+
+    def _decide_in_turns(self, num_steps: int, obs_channel: Channel, action_channel: Channel) -> None:
+        """Env and rollout one at a time, the order the planner's ``switch`` timeline has: once
+        every chunk's first observation is in (the env's resets are over), chunk by chunk (chunk
+        c: key ``e * k + c`` of every env rank e) decide for all its keys, send their actions, and
+        wait for the chunk's next env outputs before deciding for another chunk. The env steps
+        only with actions, so it steps while this rank waits and waits while it decides."""
+        inference, k = self.inference, self.num_chunks
+        outputs = {key: obs_channel.get(key) for key in inference.keys}  # key -> its env output to decide on
+        chunks = [[key for key in inference.keys if key % k == c] for c in range(k)]
+        for t in range(num_steps + 1):
+            for keys in chunks:
+                decided = {key: inference.decide(key, outputs.pop(key)) for key in keys if key in outputs}
+                if t == num_steps:
+                    continue
+                with inference.timed():
+                    for key, actions in decided.items():
+                        action_channel.put(key, actions)  # None: the env stops stepping the chunk
+                for key, actions in decided.items():
+                    if actions is not None:
+                        outputs[key] = obs_channel.get(key)  # the env has stepped it: the turn comes back
 
 
 class StreamWorker(Worker):

@@ -3,7 +3,8 @@
 The macro flow of one iteration, as plain sequential code::
 
     rollout.load_weights(trainer.export_weights())      # versioned weight sync (WeightSyncer)
-    env.interact(T)  ||  rollout.generate(T)            # chunks pipelined through channels
+    env.interact(T)  ||  rollout.generate(T)            # chunks pipelined through channels (a switch
+                                                        # plan's shared GPU: env and rollout take turns)
     trainer.train(trajectories)                         # the algorithm: advantages + update
 
 Where workers run and how the env batch is chunked comes from the plan (``plan.*``). With
@@ -36,6 +37,7 @@ from pipelines.onpolicy.planning import macro_flow_of, machine_of, measured_fact
 from pipelines.probes import MIN_THREAD_SCALING, profile_embodied
 from pipelines.preflight import preflight
 from pipelines.onpolicy.chunks import Pinning
+from pipelines.onpolicy.spans import overlap_s
 from pipelines.onpolicy.modes import ModeSetup, Requests, RunMode, amounts, capacity_of, mode_of, offloads, requests, shortfall
 from pipelines.onpolicy.workers import TrainerWorker
 from pipelines.workflow import WORKFLOWS, Layout, Workflow, WorkflowSpec
@@ -269,6 +271,7 @@ class EmbodiedWorkflow(Workflow):
             "time/iteration_s": t_train - t0,
             "time/sim_s": float(np.mean([o["sim_s"] for o in env_out])),
             "time/infer_s": float(np.mean([o["infer_s"] for o in roll_out])),
+            "time/env_rollout_overlap_s": self._env_rollout_overlap_s(env_out, roll_out),
             "rollout/decisions": float(np.mean(decisions)),
             "env/nonfinite_episodes": nonfinite,
             "plan/chunks": plan.num_chunks,
@@ -285,6 +288,16 @@ class EmbodiedWorkflow(Workflow):
             if "time/train_s" in stats:
                 metrics["plan/measured_over_predicted"] = metrics["time/iteration_s"] / predicted
         return metrics
+
+    def _env_rollout_overlap_s(self, env_out: list[dict[str, Any]], roll_out: list[dict[str, Any]]) -> float | None:
+        """Seconds of the collection in which an env rank simulated while a rollout rank decided
+        (:func:`~pipelines.onpolicy.spans.overlap_s`): 0 where they take turns (a ``switch``
+        plan), the pipelining's overlap otherwise; None where the ranks run on several nodes,
+        whose clocks do not compare."""
+        assert self.layout is not None
+        if len({r.node for c in ("env", "rollout") for r in self.layout.ranks_of(c)}) > 1:
+            return None
+        return overlap_s([s for out in env_out for s in out["sim_spans"]], [s for out in roll_out for s in out["infer_spans"]])
 
     def close(self) -> None:
         """Stop the worker groups (env processes end with their worker, as when the cluster
