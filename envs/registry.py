@@ -27,25 +27,39 @@ class EnvAdapter:
     claims:   whether this adapter handles ``env_id`` under ``adapter=auto`` (cheap; no sim start).
     make:     builds the VecEnv from the config and a base seed.
     priority: adapters with a lower number are asked first (the generic gymnasium adapter is last).
+    takes_device: the adapter builds its simulator on ``env.kwargs.device`` (``cpu``, ``cuda``,
+              ``cuda:N``, ``auto``), so ``workers.env_device`` reaches it there.
     """
 
     claims: Callable[[str], bool]
     make: Callable[[EnvConfig, int], VecEnv]
     priority: int = 50
     doc: str = ""
+    takes_device: bool = False
 
 
 ADAPTERS: Registry[EnvAdapter] = Registry("env adapter")
 
 
-def register_adapter(name: str, claims: Callable[[str], bool], priority: int = 50, doc: str = ""):
-    """Decorator for a ``make(cfg, seed) -> VecEnv`` function: registers it as adapter ``name``."""
+def register_adapter(name: str, claims: Callable[[str], bool], priority: int = 50, doc: str = "",
+                     takes_device: bool = False):
+    """Decorator for a ``make(cfg, seed) -> VecEnv`` function: registers it as adapter ``name``
+    (``takes_device``: see :class:`EnvAdapter`)."""
 
     def decorator(make: Callable[[EnvConfig, int], VecEnv]):
-        ADAPTERS.add(name, EnvAdapter(claims, make, priority, doc or (make.__doc__ or "")), doc or make.__doc__)
+        ADAPTERS.add(name, EnvAdapter(claims, make, priority, doc or (make.__doc__ or ""), takes_device), doc or make.__doc__)
         return make
 
     return decorator
+
+
+def takes_device(cfg: EnvConfig) -> bool:
+    """Whether the adapter of ``cfg`` builds its simulator on ``env.kwargs.device``; False for an
+    id that no adapter claims (building it names that problem)."""
+    try:
+        return ADAPTERS.get(resolve_adapter(cfg)).takes_device
+    except UserError:
+        return False
 
 
 def resolve_adapter(cfg: EnvConfig) -> str:

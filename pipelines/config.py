@@ -5,12 +5,14 @@ base of every workflow's schema (the recipe, the seed, resuming, and the ``run``
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
 from embodied.algorithms import AlgoConfig
 from embodied.runtime.cluster import ClusterConfig
 from envs.config import EnvConfig
+from envs.registry import takes_device
 from policies.config import PolicyConfig
 
 
@@ -113,8 +115,11 @@ class WorkersConfig:
     env_device: str = "auto"
     """Device the env's simulator runs on: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (a batched
     simulator's own ``env.kwargs.device``, whose ``auto`` is a GPU where CUDA is available; any
-    other backend: CPU). On CUDA the planner costs the env as a GPU component sharing the GPU
-    with the rollout and trainer, and each env rank reserves its GPU (a share when colocated)."""
+    other backend: CPU). Set, it becomes ``env.kwargs.device`` (over the kwargs' own) of an env
+    whose adapter builds its simulator there (MJX); other envs get no device argument (ManiSkill
+    picks its GPU itself; a user's env may run on CUDA itself). On CUDA the planner costs the env
+    as a GPU component sharing the GPU with the rollout and trainer, and each env rank reserves
+    its GPU (a share when colocated)."""
     env_resources: dict[str, float] = field(default_factory=dict)
     """Custom Ray resources each env rank asks for, e.g. ``{node_env: 1}`` to run env workers only
     on nodes started with ``ray start --resources='{"node_env": 4}'`` (see docs/cluster.md)."""
@@ -360,6 +365,9 @@ class EmbodiedConfig(RunConfig):
         if self.workers.trainer_strategy == "fsdp" and "trainer" in (self.plan.offload or []):
             problems.append("workers.trainer_strategy=fsdp keeps the trainer's shards on its devices: drop trainer from "
                             "plan.offload, or use workers.trainer_strategy=ddp")
+        if self.workers.env_device != "auto" and takes_device(self.env):
+            # the env is built where the planner and Ray place it (workers.env_device wins over the kwargs')
+            self.env = dataclasses.replace(self.env, kwargs={**self.env.kwargs, "device": self.workers.env_device})
         if self.algo.name == "grpo" and envs % self.algo.group_size:
             problems.append(f"GRPO starts envs in groups of algo.group_size={self.algo.group_size}: the "
                             f"{envs} envs (workers.env x env.num_envs) must be a multiple of it")

@@ -11,7 +11,8 @@ actions go the other way the same way.
 Tasks (``envs/mjx_tasks``): ``mjx/HalfCheetah``, ``mjx/Hopper`` (terminates), ``mjx/Reacher``:
 gymnasium's MJCF files with the v5 rewards reimplemented in JAX. ``env.kwargs``: the task's
 gymnasium-v5 options (``ctrl_cost_weight``, ...), and ``device`` (``auto``: JAX's default
-device, a GPU with ``jax[cuda12]`` installed; ``cpu``; ``cuda`` / ``cuda:K``),
+device, a GPU with ``jax[cuda12]`` installed; ``cpu``; ``cuda`` / ``cuda:K``; a run's
+``workers.env_device``, when set, is this device),
 ``solver_iterations`` / ``ls_iterations`` (the constraint solver's, default the model's).
 
 The env compiles its step when it is built: XLA takes tens of seconds for a task on a CPU, and a
@@ -268,6 +269,7 @@ def task_names() -> list[str]:
     _claims,
     priority=15,
     doc="MuJoCo MJX tasks (mjx/HalfCheetah, mjx/Hopper, mjx/Reacher): N envs in one jit-compiled JAX batch, CPU or GPU.",
+    takes_device=True,
 )
 def make_mjx(cfg: EnvConfig, seed: int) -> BatchedVecEnv:
     """An MJX task ``mjx/<Task>`` as a :class:`BatchedVecEnv` of torch tensors on the simulator's device."""

@@ -204,6 +204,26 @@ def test_hopper_terminates_when_it_falls_and_matches_gymnasium(hopper):
 REACHED_RETURN = -8.0
 
 
+def test_the_env_workers_build_the_simulator_on_workers_env_device(reacher):
+    """``workers.env_device=cpu`` over the recipe's ``env.kwargs.device=cuda``: the env ranks' MJX
+    batch is on the CPU (the device the planner costs and Ray reserves for). The shapes of the
+    ``reacher`` fixture, so JAX's cache holds the compiled step."""
+    from embodied.config import apply_overrides
+    from pipelines.config import EmbodiedConfig
+    from pipelines.onpolicy.chunks import EnvChunks, Pinning
+
+    cfg = apply_overrides(EmbodiedConfig, {}, [
+        "env.id=mjx/Reacher", "env.backend=batched", f"env.num_envs={N}", f"env.max_episode_steps={REACHER_LIMIT}",
+        "env.kwargs={device: cuda}", "workers.env_device=cpu"])
+    chunks = EnvChunks(cfg)
+    chunks.configure(0, 1, Pinning())
+    try:
+        assert [env.device for env in chunks.envs] == ["cpu"]
+        assert chunks.start(0, 0).obs["state"].device.type == "cpu"
+    finally:
+        chunks.close()
+
+
 @pytest.mark.learning
 @pytest.mark.timeout(1800)  # ~2 CPU-minutes, compilation included, but far longer on a heavily shared host
 def test_ppo_learns_to_reach_on_the_cpu_simulator(tmp_path):

@@ -359,6 +359,16 @@ def test_the_env_is_costed_on_the_device_its_simulator_runs_on():
     assert simulator_device(_cfg("env.backend=batched", "env.kwargs={device: cpu}", "workers.env_device=cuda")) == "cuda"
 
 
+def test_workers_env_device_is_the_device_an_mjx_env_is_built_on():
+    """Set, ``workers.env_device`` becomes the MJX env's ``env.kwargs.device`` (over the kwargs'
+    own); ``auto`` leaves the kwargs alone; an env whose adapter takes no device gets none."""
+    mjx = ("env.id=mjx/Reacher", "env.backend=batched")
+    assert _cfg(*mjx, "workers.env_device=cuda:1").env.kwargs == {"device": "cuda:1"}
+    assert _cfg(*mjx, "env.kwargs={device: cuda}", "workers.env_device=cpu").env.kwargs == {"device": "cpu"}
+    assert _cfg(*mjx, "env.kwargs={device: cuda}").env.kwargs == {"device": "cuda"}
+    assert "device" not in _cfg("workers.env_device=cuda").env.kwargs  # a gymnasium env
+
+
 def test_planning_for_a_described_one_gpu_machine_offers_both_ways_of_sharing_it():
     """``embodied plan ... --gpus 1`` on a machine without a GPU: env, rollout and trainer on the
     one GPU, each chunk count planned with the simulator switching with the others and overlapping
