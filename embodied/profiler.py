@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scheduler import CostModel, fit_cost_model
+from scheduler import CostModel, Profile, fit_cost_model
 
 
 def time_call(fn: Callable[[], Any], warmup: int = 2, repeats: int = 5) -> float:
@@ -94,6 +94,22 @@ def load_cached(key: str) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None  # a corrupt cache entry is re-measured
+
+
+def load_cached_profile(key: str, log: Callable[[str], None] = print) -> Profile | None:
+    """The cached :class:`~scheduler.Profile` under ``key``; None where there is none, and where
+    the file does not load in this version (e.g. keys a newer embodied writes): ``log`` gets one
+    line naming the file and the problem, and the caller measures again. A file without keys
+    added since it was written loads with their defaults."""
+    data = load_cached(key)
+    if data is None:
+        return None
+    try:
+        return Profile.from_dict(data)
+    except (ValueError, TypeError, KeyError) as err:
+        log(f"[m2flow] the cached profile {cache_dir() / f'{key}.json'} does not load in this version of embodied "
+            f"({err}); a newer version may have written it: measuring again")
+        return None
 
 
 def store_cached(key: str, data: dict[str, Any]) -> Path:

@@ -20,15 +20,18 @@ dir, the iterations measured, the date, the factors, what each cost was before.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embodied.profiler import load_cached, store_cached
+from embodied.profiler import load_cached_profile, store_cached
 from pipelines.workflow import Layout, Workflow
 from scheduler import CostModel, Profile
+
+LOG = logging.getLogger("embodied")
 
 #: iterations measured (after the first) before the profile is refined
 LEARN_ITERATIONS = 4
@@ -157,9 +160,9 @@ class CostLearner:
             return None
         iterations = (self.samples[0][0], self.samples[-1][0])
         key = self.base.meta["key"]
-        cached = load_cached(key)
+        cached = load_cached_profile(key, LOG.warning)
         # compose onto the cache as stored now (another run may have refined it since this one started)
-        current = Profile.from_dict(cached) if cached is not None else self.base
+        current = cached if cached is not None else self.base
         if cached is not None and learned_runs(current) != learned_runs(self.base):
             factors = {name: f * _cost_ratio(self.base, current, name) for name, f in factors.items()}
         refined, weight, record = refine(current, factors, self.run, iterations)

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import numpy as np
 
 from embodied.config import to_dict
-from embodied.profiler import Probe, cache_key, hardware_fingerprint, load_cached, store_cached
+from embodied.profiler import Probe, cache_key, hardware_fingerprint, load_cached_profile, store_cached
 from embodied.runtime import Cluster, WorkerGroup
 from envs.base import to_numpy
 from embodied.rl import is_text
@@ -81,11 +81,11 @@ def profile_embodied(cfg: EmbodiedConfig, cluster: Cluster, force: bool = False,
     cores = len(resources)
     key = cache_key(_setup_key(cfg, cluster.backend))
     if not force:
-        cached = load_cached(key)
+        cached = load_cached_profile(key, log)
         if cached is not None:
-            runs = len(cached.get("meta", {}).get("learned", []))
+            runs = len(cached.meta.get("learned", []))
             log(f"[m2flow] profile from cache ({key}{f', refined by {runs} run(s)' if runs else ''})")
-            return Profile.from_dict(cached)
+            return cached
     log(f"[m2flow] profiling env, rollout and trainer on {cores} cores ...")
     t0 = time.perf_counter()
     progress = ProfileProgress(log)

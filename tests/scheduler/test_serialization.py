@@ -85,3 +85,14 @@ def test_gpu_sharing_round_trips_in_plans_and_profiles_and_older_ones_read_as_no
         Profile({}, gpu_contention=2.5)
     with pytest.raises(ValueError, match="gpu_sharing"):
         Plan("colocated", one_gpu, 1, None, (), 1.0, gpu_sharing="both")
+
+
+def test_a_profile_written_before_gpu_sharing_loads_with_its_defaults_and_a_newer_key_is_named():
+    prof = Profile({"env": ComponentProfile("env", CostModel(0.0, 0.1, 1.0))}, gpu_switch_s=0.002, gpu_contention=1.2)
+    older = {k: v for k, v in prof.to_dict().items() if not k.startswith("gpu_")}
+    loaded = Profile.from_dict(_through_json(older))
+    assert (loaded.gpu_switch_s, loaded.gpu_contention) == (0.0, 1.5)
+    assert loaded.components == prof.components
+    newer = {**prof.to_dict(), "gpu_mps": True}
+    with pytest.raises(ValueError, match=r"Profile: unknown key\(s\) \['gpu_mps'\]; allowed: .*'gpu_contention'"):
+        Profile.from_dict(newer)
