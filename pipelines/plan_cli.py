@@ -9,6 +9,7 @@ never into the current directory itself."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from pipelines.cli import build_train_config, register_command
 from pipelines.layout import Machine, NodeSpec
 from pipelines.learn import describe_provenance
 from pipelines.workflow import WORKFLOWS
-from scheduler import Bound, GapToBound, PlanningError, gap_to_bound, sequential_plan, simulate
+from scheduler import GPU_OVERLAP, GPU_SWITCH, Bound, GapToBound, Plan, PlanningError, gap_to_bound, simulate
 
 
 def describe_bound(bound: Bound, sequential_s: float, chosen_s: float, gap: GapToBound | None = None) -> str:
@@ -57,26 +58,23 @@ def cmd_plan(args: list[str]) -> int:
         flow.machine_ = described_machine(cfg, flags.gpus, flags.gpu_gib)
         measured_on = spec.build(measurable_config(cfg))
     with Cluster(cfg.cluster) as cluster:
+        if flags.gpus is None:
+            flow.machine(cluster)  # the devices a run here plans on: this node's GPUs too, where a worker is on CUDA
         profile = measured_on.profile(cluster, force=flags.profile or cfg.plan.reprofile, log=print)
     try:
         result = flow.plan(profile)
+        baseline = sequential_of(spec, cfg, flow.machine(), profile)
     except PlanningError as err:
         raise UserError(f"No plan fits this machine: {err}") from None
     print(describe_provenance(profile))
     workflow, resources = flow.macro_flow(), flow.resources()
-    baseline = sequential_plan(workflow, resources, profile)
     base_timeline = simulate(baseline, profile, workflow, resources)
     best = result.best
     kinds = [d.kind for d in resources.devices]
     print(f"workflow: {flow.describe()}; " + " + ".join(f"{kinds.count(k)} {k} devices" for k in dict.fromkeys(kinds))
           + (" (described: --gpus)" if flags.gpus is not None else ""))
     print(result.format_table(limit=12))
-    speedup = baseline.predicted_iteration_s / best.predicted_iteration_s
-    print(f"\nchosen: {best.mode}, {best.num_chunks} chunk(s), placement "
-          + ", ".join(f"{c}:{list(d)}" for c, d in best.placement.items())
-          + (f", offload {list(best.offload)}" if best.offload else "")
-          + f"\npredicted {best.predicted_iteration_s:.3f} s/iteration vs sequential {baseline.predicted_iteration_s:.3f} s "
-          f"({speedup:.2f}x)")
+    print("\n" + describe_choice(best, baseline))
     if result.bound is not None:
         print(describe_bound(result.bound, baseline.predicted_iteration_s, best.predicted_iteration_s,
                              gap_to_bound(result.best_timeline, result.bound)))
@@ -96,6 +94,34 @@ def cmd_plan(args: list[str]) -> int:
     return 0
 
 
+def sequential_of(spec, cfg, machine: Machine, profile) -> Plan:
+    """The sequential plan (colocated, one chunk) as the workflow plans it on ``machine``: each
+    component on the kind of device it runs on, as in the chosen plan, so the two compare."""
+    sequential = dataclasses.replace(cfg, plan=dataclasses.replace(cfg.plan, mode="colocated", chunks=1))
+    flow = spec.build(sequential)
+    flow.machine_ = machine
+    return flow.plan(profile).best
+
+
+#: What each ``Plan.gpu_sharing`` means at run time, as `embodied plan` says it.
+GPU_SHARING_WORDS = {
+    GPU_SWITCH: "one component at a time on a shared GPU; env and rollout take turns",
+    GPU_OVERLAP: "env and rollout side by side on their GPU, chunks pipelined",
+}
+
+
+def describe_choice(best: Plan, baseline: Plan) -> str:
+    """The chosen plan in two lines: its mode, chunks, placement, offloads and, where a GPU
+    simulator shares its GPU, how (``Plan.gpu_sharing``); its prediction against ``baseline``."""
+    sharing = f", gpu sharing {best.gpu_sharing} ({GPU_SHARING_WORDS[best.gpu_sharing]})" if best.gpu_sharing else ""
+    speedup = baseline.predicted_iteration_s / best.predicted_iteration_s
+    return (f"chosen: {best.mode}, {best.num_chunks} chunk(s), placement "
+            + ", ".join(f"{c}:{list(d)}" for c, d in best.placement.items())
+            + (f", offload {list(best.offload)}" if best.offload else "") + sharing
+            + f"\npredicted {best.predicted_iteration_s:.3f} s/iteration vs sequential {baseline.predicted_iteration_s:.3f} s "
+            f"({speedup:.2f}x)")
+
+
 def described_machine(cfg, gpus: int, gpu_gib: float = 80.0) -> Machine:
     """A machine to plan for without its hardware (``embodied plan --gpus N``): this machine's CPU
     cores (``cluster.num_cpus``) and ``gpus`` GPUs of ``gpu_gib`` GiB each, on one node."""
@@ -110,7 +136,6 @@ def described_machine(cfg, gpus: int, gpu_gib: float = 80.0) -> Machine:
 def measurable_config(cfg):
     """``cfg`` with every ``workers.*_device`` on CUDA moved to the CPU where this machine has no
     GPU (``--gpus``: the profile is measured on what is here, and planned for what is described)."""
-    import dataclasses
 
     import torch
 
