@@ -8,14 +8,17 @@ Workloads (``--workload``):
 * ``vla`` (the bundled recipe ``maniskill_openvlaoft_grpo_tiny``): a tiny OpenVLA-OFT of the real
   architecture on ManiSkill PushCube from 32x32 rgb, 8 envs in groups of 4, chunks of 5 actions;
   GRPO. Its rows go to ``m2flow_pipelining_vla.json``.
+* ``flow`` (the bundled recipe ``colorreach_pi0_ppo_tiny``): a tiny π0 of the real architecture
+  on ColorReach-v0 from 32x32 rgb, 16 envs, each decision 10 flow steps of the action expert over
+  the cached prefix; PPO through the Flow-SDE chain. Its rows go to ``m2flow_pipelining_flow.json``.
 
 For each configuration the same training iterations run for real (Ray workers, channels, updates);
 the planner's prediction for the configuration is recorded next to the measurement.
 
-    python -m benchmarks.m2flow_pipelining [--workload rgb|vla] [--iterations 5] [--recipe PATH]
+    python -m benchmarks.m2flow_pipelining [--workload rgb|vla|flow] [--iterations 5] [--recipe PATH]
 
-Writes ``benchmarks/results/m2flow_pipelining.json`` (``m2flow_pipelining_vla.json`` for the VLA
-workload) and the timelines beside it (``..._timeline.png``).
+Writes ``benchmarks/results/m2flow_pipelining.json`` (``m2flow_pipelining_<workload>.json`` for the
+VLA and flow workloads) and the timelines beside it (``..._timeline.png``).
 """
 
 from __future__ import annotations
@@ -101,6 +104,9 @@ WORKLOADS = {
     # GRPO groups of 4 of 8 envs: a chunk holds whole groups
     "vla": Workload("maniskill_openvlaoft_grpo_tiny", (2,), "vla",
                     "M2Flow on 2 CPU cores: tiny OpenVLA-OFT (GRPO) on ManiSkill rgb, one iteration (predicted)"),
+    # the rollout is the flow chain: num_steps expert passes per decision, priced by the probe that runs them
+    "flow": Workload("colorreach_pi0_ppo_tiny", (2,), "flow",
+                     "M2Flow on 2 CPU cores: tiny π0 (PPO, 10 flow steps) on ColorReach rgb, one iteration (predicted)"),
 }
 
 
