@@ -209,12 +209,14 @@ def _frame(tree: dict[str, Any], t: int) -> dict[str, Any]:
     return {k: _frame(v, t) if isinstance(v, dict) else v[t] for k, v in tree.items()}
 
 
-def load_demos(paths: Sequence[str | Path], chunk: int = 1, limit: int | None = None):
+def load_demos(paths: Sequence[str | Path], chunk: int = 1, limit: int | None = None, layout: Any = None):
     """Every episode of ``paths`` (files of one or several tasks) as a
     :class:`pipelines.demonstrations.Demonstrations` of frames: observations in the contract's
     keys plus the instruction, actions (N, C, A) chunked (``chunks_of``), ``episode`` numbering
     the episodes across files. ``limit``: at most that many episodes per task of each file (a
-    suite's file holds every task's, in task order)."""
+    suite's file holds every task's, in task order). ``layout``: a ManiSkill task list's
+    :class:`~envs.adapters.maniskill_adapter.SuiteLayout` (:func:`task_list_layout`), so that every
+    task's frames show the ``state`` and cameras the list's envs show."""
     import h5py
 
     from pipelines.demonstrations import Demonstrations, chunks_of
@@ -236,6 +238,8 @@ def load_demos(paths: Sequence[str | Path], chunk: int = 1, limit: int | None = 
                 traj = read_group(h5[f"traj_{entry['episode_id']}"])
                 steps = len(traj["actions"])
                 obs = episode_observations(traj["obs"], meta.obs_mode)
+                if layout is not None:
+                    obs = _in_layout(obs, traj["obs"], layout, meta.obs_mode)
                 obs = {k: v[:steps] for k, v in obs.items()}  # the final frame has no action
                 obs[INSTRUCTION_KEY] = np.full(steps, entry.get("instruction", meta.instruction), dtype=object).astype(str)
                 obs_parts.append(obs)
@@ -250,6 +254,49 @@ def load_demos(paths: Sequence[str | Path], chunk: int = 1, limit: int | None = 
         obs={k: _concat([o[k] for o in obs_parts], k) for k in obs_parts[0]},
         actions=np.concatenate(actions), episode=np.concatenate(episode_ids), attempted=attempted, succeeded=attempted,
     )
+
+
+def task_list_layout(tasks: Sequence[str], paths: Sequence[str | Path]) -> Any:
+    """The :class:`~envs.adapters.maniskill_adapter.SuiteLayout` of the ManiSkill task list
+    ``tasks`` (in its order), read from the first episode of each task's demo file in ``paths``;
+    a UserError when a task of the list has no file (its entries would be missing)."""
+    import gymnasium as gym
+    import h5py
+
+    from envs.adapters.maniskill_adapter import layout_of
+
+    metas = {read_meta(p).env_id: read_meta(p) for p in paths}
+    missing = [t for t in tasks if t not in metas]
+    if missing:
+        raise UserError(f"env.id lists {', '.join(tasks)}, the demos hold no episode of {', '.join(missing)}; "
+                        f"record them (`embodied demos {missing[0]} ...`) and give every task's file.")
+
+    def space(group: Any) -> gym.spaces.Space:
+        if isinstance(group, h5py.Dataset):
+            return gym.spaces.Box(-np.inf, np.inf, group.shape[1:], np.float32)
+        return gym.spaces.Dict({k: space(group[k]) for k in group.keys()})
+
+    spaces = []
+    for task in tasks:
+        meta = metas[task]
+        with h5py.File(meta.path, "r") as h5:
+            spaces.append(space(h5[f"traj_{meta.episodes[0]['episode_id']}"]["obs"]))
+    return layout_of(spaces, metas[tasks[0]].obs_mode)
+
+
+def _in_layout(obs: dict[str, np.ndarray], raw: Any, layout: Any, obs_mode: str) -> dict[str, np.ndarray]:
+    """One episode's contract arrays ``obs`` with the task list's ``state`` and cameras."""
+    from envs.adapters.maniskill_adapter import camera_keys
+
+    keep = set(camera_keys(list(layout.cameras)).values())
+    out = {k: v for k, v in obs.items() if k == "state" or k in keep}
+    frames = len(obs["state"])
+    if obs_mode == "rgb":
+        parts = {g: raw[g] for g in ("agent", "extra") if g in raw}
+        out["state"] = np.stack([layout.vector(_frame(parts, t)) for t in range(frames)])
+    else:
+        out["state"] = np.stack([layout.vector(row) for row in obs["state"]])
+    return out
 
 
 def _concat(arrays: list[np.ndarray], key: str) -> np.ndarray:

@@ -105,10 +105,27 @@ def demo_spaces(demos: Demonstrations, action_low: np.ndarray, action_high: np.n
     return gym.spaces.Dict(spaces), gym.spaces.Box(action_low, action_high, dtype=np.float32)
 
 
+def maniskill_task_list(env_id: str) -> list[str]:
+    """The tasks of ``env_id`` when it is a list of several ManiSkill tasks, else []."""
+    if "," not in env_id:
+        return []
+    from envs.config import EnvConfig
+    from envs.registry import resolve_adapter
+
+    if resolve_adapter(EnvConfig(id=env_id)) != "maniskill":
+        return []
+    from envs.adapters.maniskill_adapter import parse_tasks
+
+    return parse_tasks(env_id)
+
+
 def check_recipe_fits(cfg: Any, metas: list[Any]) -> None:
     """The recipe's env must be the demonstrations' (task, controller, observations, image size)."""
     ids = sorted({m.env_id for m in metas})
-    if cfg.env.id not in ids or len(ids) > 1:
+    listed = maniskill_task_list(cfg.env.id)
+    if listed and set(ids) <= set(listed):
+        pass  # a ManiSkill task list: one file per task (task_list_layout names a missing one)
+    elif cfg.env.id not in ids or len(ids) > 1:
         raise UserError(f"the demonstrations are of {', '.join(ids)}, the recipe's env.id is {cfg.env.id!r}; give env.id={ids[0]} "
                         f"(one env per run) or demos of that env (a suite's tasks in one file: `embodied demos {cfg.env.id}`).")
     for meta in metas:
@@ -126,7 +143,7 @@ def check_recipe_fits(cfg: Any, metas: list[Any]) -> None:
 
 def run_sft(cfg: Any, sft: SFTConfig, log: Callable[[str], None] = LOG.info) -> SFTResult:
     """Behaviour-clone ``cfg.policy`` on ``sft.demos`` and write the output dir (module docstring)."""
-    from pipelines.demos import load_demos, read_meta
+    from pipelines.demos import load_demos, read_meta, task_list_layout
 
     if not sft.demos:
         raise UserError("embodied sft needs demos=PATH (an .h5 file `embodied demos ENV_ID` wrote; several: comma-separated).")
@@ -135,7 +152,9 @@ def run_sft(cfg: Any, sft: SFTConfig, log: Callable[[str], None] = LOG.info) -> 
     out = Path(sft.out) if sft.out else Path("runs") / f"sft-{cfg.recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
     if out.exists() and not sft.overwrite:
         raise UserError(f"{out} already exists; give another out=DIR or overwrite=true.")
-    demos = load_demos([m.path for m in metas], chunk=cfg.policy.action_chunk, limit=sft.episodes)
+    listed = maniskill_task_list(cfg.env.id)
+    layout = task_list_layout(listed, [m.path for m in metas]) if listed else None
+    demos = load_demos([m.path for m in metas], chunk=cfg.policy.action_chunk, limit=sft.episodes, layout=layout)
     obs_space, action_space = demo_spaces(demos, metas[0].action_low, metas[0].action_high)
     device = resolve_device(cfg.workers.trainer_device)
     torch.manual_seed(cfg.seed)

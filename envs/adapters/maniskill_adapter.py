@@ -271,7 +271,8 @@ def _cpu_gym_env(cfg: EnvConfig) -> gym.Env:
 class SuiteLayout:
     """The observation every env of a task list shows (module docstring, "Several tasks").
 
-    entries: for ``rgb``: ((group, name), size) in order, each ``agent``/``extra`` entry of any task;
+    entries: for ``rgb``: ((group, name), size), each ``agent``/``extra`` entry of any task, by task
+             in list order, then by name (so spaces and demo files give the same order);
              for the ``state`` modes: empty (the privileged vector is padded to ``dim``).
     cameras: the cameras every task has, in the first task's order (a task's other cameras are dropped).
     """
@@ -306,7 +307,7 @@ def layout_of(spaces: Sequence[gym.spaces.Space], obs_mode: str) -> SuiteLayout:
     entries: dict[tuple[str, str], int] = {}
     for space in spaces:
         for group in ("agent", "extra"):
-            for name, leaf in space.spaces.get(group, gym.spaces.Dict()).spaces.items():
+            for name, leaf in sorted(space.spaces.get(group, gym.spaces.Dict()).spaces.items()):
                 size = int(np.prod(leaf.shape))
                 if entries.setdefault((group, name), size) != size:
                     raise UserError(f"the tasks' {group}/{name} observations differ in size ({entries[(group, name)]} vs {size}); "
