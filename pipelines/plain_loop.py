@@ -78,7 +78,7 @@ class PlainLoop:
         t_collect = time.perf_counter()
         self.policy.train()
         stats = self.algorithm.update(self.policy, self.optimizer, batch, lr, generator=self.generator,
-                                      reference=self.reference, device=self.device)
+                                      reference=self.reference, device=self.device, update_index=self.version)
         self.version += 1
         t_end = time.perf_counter()
         return {**stats, "time/collect_s": t_collect - t0, "time/train_s": t_end - t_collect, "time/iteration_s": t_end - t0}

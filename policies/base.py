@@ -84,6 +84,14 @@ class Policy(nn.Module, ABC):
     has_critic: bool = True
     #: whether the policy loads a pretrained checkpoint directory from ``policy.path``.
     loads_path: bool = False
+    #: the submodules that make up the critic (what ``algo.critic_warmup`` trains alone).
+    critic_modules: tuple[str, ...] = ("critic", "value_head")
+
+    def critic_parameters(self) -> list[nn.Parameter]:
+        """The critic's own parameters (those of :attr:`critic_modules` the policy has), not the
+        features it shares with the actor."""
+        return [p for name in self.critic_modules if isinstance(getattr(self, name, None), nn.Module)
+                for p in getattr(self, name).parameters()]
 
     @abstractmethod
     def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> ActionOutput:

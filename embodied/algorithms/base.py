@@ -217,10 +217,13 @@ class Algorithm(ABC):
         reference: Any | None = None,
         device: torch.device | str = "cpu",
         parallel: DataParallel = SINGLE,
+        update_index: int = 0,
     ) -> dict[str, float]:
         """Train ``policy`` on one rollout's batch: ``algo.epochs`` epochs of ``algo.num_minibatches``
         shuffled minibatches, each accumulated over micro-batches of ``algo.micro_batch_size``
         (per rank: ``parallel`` splits every minibatch over its ranks, which all hold ``batch``).
+        ``update_index``: the updates before this one in the run; under ``algo.critic_warmup`` the
+        first ones step only the critic's parameters.
         Returns the metrics of the update (``losses/*``, ``charts/*``, and the algorithm's own)."""
         cfg = self.cfg
         batch = batch.to_torch(device)
@@ -234,6 +237,10 @@ class Algorithm(ABC):
             return out
         policy.update_normalizer(samples.obs)
         params = [p for g in optimizer.param_groups for p in g["params"]]
+        warmup = self.needs_critic and update_index < cfg.critic_warmup
+        critic = {id(p) for p in policy.critic_parameters()} if warmup else set()
+        frozen = [p for p in params if id(p) not in critic] if warmup else []
+        out["losses/critic_warmup"] = float(warmup)
         meter = _Meter(self.summed_stats)
         skipped = 0
         epochs = 0
@@ -255,6 +262,8 @@ class Algorithm(ABC):
                         meter.add(stats, weight=len(part) / len(mb), real=real)
                     calls += len(parts)
                     meter.combine(parallel.all_reduce)  # each rank's share of the step's statistics
+                    for p in frozen:  # critic warmup: the actor and the shared features stay as they are
+                        p.grad = None
                     grad_norm = parallel.clip_grad_norm(params, cfg.max_grad_norm)
                     if not math.isfinite(grad_norm):
                         skipped += 1  # a non-finite gradient would poison the weights: skip this step

@@ -106,6 +106,11 @@ class AlgoConfig:
     target_kl: float | None = None
     """Stop an iteration's epochs early once the approximate KL to the behaviour policy exceeds
     this; None never stops."""
+    critic_warmup: int = 0
+    """PPO: the first N updates of a run train only the critic (the policy's ``critic_parameters``:
+    its value head), so that RL from an SFT or pretrained policy starts from a critic fitted to it
+    rather than following a random critic's advantages. Counted by the trainer's weight version, so
+    a resumed run does not warm up again."""
     norm_adv: bool | None = None
     """Normalize advantages to mean 0 / std 1 per minibatch. None: the algorithm's habit, on for
     PPO, off for GRPO (group advantages are normalized per group already; switch it on where they
@@ -177,6 +182,7 @@ class AlgoConfig:
         need(self.value_clip is None or self.value_clip > 0, f"algo.value_clip must be > 0 or null (got {self.value_clip})")
         need(self.max_grad_norm > 0, f"algo.max_grad_norm must be > 0 (got {self.max_grad_norm})")
         need(self.target_kl is None or self.target_kl > 0, f"algo.target_kl must be > 0 or null (got {self.target_kl})")
+        need(isinstance(self.critic_warmup, int) and self.critic_warmup >= 0, f"algo.critic_warmup must be an integer >= 0 (got {self.critic_warmup})")
         need(self.group_size >= 1, f"algo.group_size must be >= 1 (got {self.group_size})")
         need(self.kl_loss_coef >= 0, f"algo.kl_loss_coef must be >= 0 (got {self.kl_loss_coef})")
         need(self.rollout_is_threshold > 1, f"algo.rollout_is_threshold must be > 1 (got {self.rollout_is_threshold})")

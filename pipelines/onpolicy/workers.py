@@ -374,7 +374,8 @@ class TrainerWorker(Worker):
             switch = {"offload/onload_s": moved.seconds, "offload/bytes": float(moved.bytes_moved)}
         self.policy.train()
         stats = self.algorithm.update(self.policy, self.optimizer, batch, lr, generator=self.generator,
-                                      reference=self.reference, device=self.device, parallel=self.parallel)
+                                      reference=self.reference, device=self.device, parallel=self.parallel,
+                                      update_index=self.version)
         self.version += 1
         if self.offload_between_phases:
             self.parallel.release()  # DDP's gradient buckets leave the device too
