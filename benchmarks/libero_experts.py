@@ -35,7 +35,7 @@ def measure_task(task: Any, states: range) -> dict[str, Any]:
             episodes.append({"init_state": episode.init_state, "success": episode.success,
                              "steps": len(episode.actions), "final_stage": episode.stage})
     finally:
-        env.env.close()
+        env.close()
     wins = [e for e in episodes if e["success"]]
     return {
         "task": task.id, "name": task.name, "episodes": len(episodes), "successes": len(wins),

@@ -22,11 +22,9 @@ A source is anything with the :class:`DemoSource` protocol (``name``, ``examples
 
   It runs each task's episodes one after another (attempt i resets with seed ``cfg.seed + i``),
   keeps the ones that reach the env's own success, and writes them with
-  :class:`pipelines.trajectory_h5.TrajectoryWriter`. Meta-World is one (``envs.experts.metaworld``);
-  LIBERO plugs in with its module and one line here::
-
-      register_source(EpisodicSource("libero", claims=lambda env_id: env_id.startswith("libero"),
-                                     module="envs.experts.libero", expert_desc="..."))
+  :class:`pipelines.trajectory_h5.TrajectoryWriter`. Meta-World (``envs.experts.metaworld``) and
+  LIBERO-Spatial/-Object (``envs.experts.libero``) are two; another family plugs in with its
+  module and one :func:`register_source` line at the end of this file.
 
 A suite id (``metaworld_mt10``) records ``cfg.episodes`` episodes of every task into one file whose
 ``env_info.env_id`` is the suite's, each episode naming its task (``env_id``) and instruction:
@@ -387,5 +385,11 @@ register_source(EpisodicSource(
     "metaworld", claims=lambda env_id: env_id.partition("/")[0].startswith("metaworld"), module="envs.experts.metaworld",
     expert_desc="metaworld.policies scripted policy of each task on the adapter's state (envs.experts.metaworld)",
     examples=("metaworld/<task>", "metaworld_mt10", "metaworld_mt50"),
+))
+register_source(EpisodicSource(
+    "libero", claims=lambda env_id: env_id.partition("/")[0].startswith("libero"), module="envs.experts.libero",
+    expert_desc="envs.experts.libero scripted pick-and-place expert of each task's BDDL goal on privileged object poses "
+                "through OSC_POSE, from LIBERO's official initial states",
+    examples=("libero_spatial", "libero_object", "libero_spatial/<k>", "libero_object/<k>"),
 ))
 register_source(ManiSkillSource())

@@ -263,7 +263,7 @@ def pick_place_stages(wall_grasp: bool) -> tuple[Stage, ...]:
         Stage("descend", HOLD if wall_grasp else OPEN, max_steps=40, tolerance_m=0.006),
         Stage("grasp", CLOSED, max_steps=12, min_steps=12, tolerance_m=0.0),
         Stage("lift", CLOSED, max_steps=40, tolerance_m=0.015),
-        Stage("carry", CLOSED, max_steps=60, tolerance_m=0.012),
+        Stage("carry", CLOSED, max_steps=60, tolerance_m=0.025),
         Stage("lower", CLOSED, max_steps=40, tolerance_m=0.006),
         Stage("release", OPEN, max_steps=10, min_steps=10, tolerance_m=0.0),
         Stage("rise", OPEN, max_steps=10_000, tolerance_m=0.0),

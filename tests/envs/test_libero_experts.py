@@ -84,7 +84,7 @@ def test_the_object_expert_succeeds_from_official_state_0() -> None:
     try:
         episode = record_episode(env, libero_expert(task), seed=0)
     finally:
-        env.env.close()
+        env.close()
     assert episode.success and episode.init_state == 0
     assert episode.actions.shape == (len(episode.observations) - 1, 7) and episode.actions.dtype == np.float32
     assert np.all(np.abs(episode.actions) <= 1.0)
@@ -98,5 +98,5 @@ def test_the_spatial_expert_takes_the_bowl_out_of_the_drawer() -> None:
     try:
         episode = record_episode(env, libero_expert(task), seed=0)
     finally:
-        env.env.close()
+        env.close()
     assert episode.success
