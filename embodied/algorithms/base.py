@@ -240,7 +240,8 @@ class Algorithm(ABC):
         warmup = self.needs_critic and update_index < cfg.critic_warmup
         critic = {id(p) for p in policy.critic_parameters()} if warmup else set()
         frozen = [p for p in params if id(p) not in critic] if warmup else []
-        out["losses/critic_warmup"] = float(warmup)
+        if self.needs_critic:
+            out["losses/critic_warmup"] = float(warmup)
         meter = _Meter(self.summed_stats)
         skipped = 0
         epochs = 0
