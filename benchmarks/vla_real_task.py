@@ -1,6 +1,6 @@
-"""A VLA on a real ManiSkill task: scripted demos, SFT, then PPO, with the success before and after.
+"""A VLA on a real ManiSkill task: scripted demos, SFT, then RL (the recipe's: GRPO by default), with the success before and after.
 
-    python -m benchmarks.vla_real_task [--recipe maniskill_pushcube_openvlaoft_ppo_tiny] [--task PushCube-v1]
+    python -m benchmarks.vla_real_task [--recipe maniskill_pushcube_openvlaoft_grpo_tiny] [--task PushCube-v1]
         [--demos-episodes 300] [--sft-epochs 15] [--eval-episodes 50] [--work runs/vla_real_task] [key=value ...]
 
 Each step is the command a user runs, in a subprocess, and is skipped when its output is already
@@ -9,8 +9,8 @@ there (so a long run can be continued, or finished from steps run by hand with `
 
 1. ``embodied demos TASK episodes=N image_size=<recipe's>``: the scripted expert's successful episodes;
 2. ``embodied sft RECIPE demos=... epochs=E lr=3e-4 batch_size=64``: the tiny OpenVLA-OFT cloned;
-3. "before": ``embodied eval SFT_DIR/recipe.yaml eval.episodes=M`` (greedy, the recipe's eval seeds);
-4. ``embodied train SFT_DIR/recipe.yaml``: PPO from the SFT weights (``key=value`` overrides go here);
+3. "before": ``embodied eval RECIPE policy.init=SFT_DIR eval.episodes=M`` (greedy, the recipe's eval seeds);
+4. ``embodied train RECIPE policy.init=SFT_DIR``: RL from the SFT weights (``key=value`` overrides go here);
 5. "after": ``embodied eval RUN_DIR eval.episodes=M``: the same episodes as 3, so the delta is paired.
 
 Writes ``benchmarks/results/vla_real_task[_<name>].json`` (commands, SFT metrics, before/after
@@ -64,10 +64,10 @@ def plot(points: list[dict[str, float]], before: float, after: float, title: str
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([p["env_steps"] for p in points], [p["success"] for p in points], "o-", label="PPO, run's own evaluations")
+    ax.plot([p["env_steps"] for p in points], [p["success"] for p in points], "o-", label="RL, the run's own evaluations")
     ax.axhline(before, color="gray", ls="--", label=f"after SFT: {before:.2f}")
-    ax.axhline(after, color="green", ls=":", label=f"after PPO: {after:.2f}")
-    ax.set(xlabel="env steps of PPO", ylabel="greedy success rate", ylim=(0, 1), title=title)
+    ax.axhline(after, color="green", ls=":", label=f"after RL: {after:.2f}")
+    ax.set(xlabel="env steps of RL", ylabel="greedy success rate", ylim=(0, 1), title=title)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
@@ -76,7 +76,7 @@ def plot(points: list[dict[str, float]], before: float, after: float, title: str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--recipe", default="maniskill_pushcube_openvlaoft_ppo_tiny")
+    parser.add_argument("--recipe", default="maniskill_pushcube_openvlaoft_grpo_tiny")
     parser.add_argument("--task", default="PushCube-v1")
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--demos-episodes", type=int, default=300)
@@ -87,18 +87,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sft", help="an existing SFT dir (skips step 2)")
     parser.add_argument("--before", help="an existing evaluation JSON of the SFT dir (skips step 3)")
     parser.add_argument("--run", help="an existing finished run dir (skips step 4)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of the PPO run")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of the RL run")
     add_output_args(parser, "vla_real_task")
     args = parser.parse_args(argv)
     work = Path(args.work)
     demos = Path(args.demos or work / "demos.h5")
     sft = Path(args.sft or work / "sft")
-    run_dir = Path(args.run or work / "ppo")
+    run_dir = Path(args.run or work / "rl")
     commands = {
         "demos": ["demos", args.task, f"episodes={args.demos_episodes}", f"image_size={args.image_size}", f"out={demos}"],
         "sft": ["sft", args.recipe, f"demos={demos}", f"out={sft}", f"epochs={args.sft_epochs}", "lr=3e-4", "batch_size=64"],
-        "before": ["eval", str(sft / "recipe.yaml"), f"eval.episodes={args.eval_episodes}", "eval.num_envs=10", "eval.video=false"],
-        "train": ["train", str(sft / "recipe.yaml"), f"run.dir={run_dir}", *args.overrides],
+        "before": ["eval", args.recipe, f"policy.init={sft}", f"eval.episodes={args.eval_episodes}", "eval.num_envs=10", "eval.video=false"],
+        "train": ["train", args.recipe, f"policy.init={sft}", f"run.dir={run_dir}", *args.overrides],
         "after": ["eval", str(run_dir), f"eval.episodes={args.eval_episodes}", "eval.num_envs=10", "eval.video=false"],
     }
     if not demos.exists():
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         "task": args.task, "recipe": args.recipe, "commands": {k: "embodied " + " ".join(v) for k, v in commands.items()},
         "sft": {k: v for k, v in sft_summary["metrics"].items() if k != "sft/epochs"},
         "before": before, "after": after, "delta_points": round(100 * (after["success_rate"] - before["success_rate"]), 1),
-        "ppo": {"env_steps": summary.get("env_steps"), "wall_s": summary.get("wall_s") or summary.get("time/total_s"), "curve": points},
+        "rl": {"env_steps": summary.get("env_steps"), "wall_s": summary.get("wall_s") or summary.get("time/total_s"), "curve": points},
     }
     out = result_path("vla_real_task", args)
     save_result(out, "vla_real_task", argv, result)

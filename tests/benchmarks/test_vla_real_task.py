@@ -40,6 +40,6 @@ def test_result_from_finished_steps(tmp_path, monkeypatch):
     result = json.loads(out.read_text())
     assert result["before"]["success_rate"] == 0.4 and result["after"]["success_rate"] == 0.66
     assert result["delta_points"] == 26.0
-    assert result["ppo"]["curve"] == [{"env_steps": 800, "success": 0.5}]
+    assert result["rl"]["curve"] == [{"env_steps": 800, "success": 0.5}]
     assert result["sft"] == {"sft/val_nll_first": 5.8, "sft/val_nll_best": 1.7}
     assert (tmp_path / "result.png").stat().st_size > 0
