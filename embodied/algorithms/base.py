@@ -240,6 +240,9 @@ class Algorithm(ABC):
         warmup = self.needs_critic and update_index < cfg.critic_warmup
         critic = {id(p) for p in policy.critic_parameters()} if warmup else set()
         frozen = [p for p in params if id(p) not in critic] if warmup else []
+        if warmup and len(frozen) == len(params):
+            raise ValueError("algo.critic_warmup steps only the critic, but none of the optimizer's parameters is the policy's "
+                             "critic_parameters() (FSDP's flattened parameters, or a policy without a value head)")
         if self.needs_critic:
             out["losses/critic_warmup"] = float(warmup)
         meter = _Meter(self.summed_stats)
