@@ -6,10 +6,8 @@ were busy at once, from the spans the ranks record) tells the two apart."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
-import numpy as np
 import pytest
 import torch
 
@@ -25,6 +23,7 @@ from pipelines.onpolicy.workflow import EmbodiedWorkflow
 from pipelines.runner import Runner
 from policies.registry import build_policy
 from scheduler import Plan
+from tests.pipelines.batches import assert_same_batch
 
 ONE_DEVICE = {"env": (0,), "rollout": (0,), "trainer": (0,)}
 
@@ -100,14 +99,7 @@ def test_taking_turns_changes_when_the_env_steps_not_what_is_collected(algo):
     stop once their episodes are over, in turns too."""
     cfg = _cfg("env.kwargs={}", "env.max_episode_steps=5", f"algo.name={algo}", "algo.group_size=2", "algo.outcome=return")
     in_turns, pipelined = collected(cfg, turns=True), collected(cfg, turns=False)
-    for f in dataclasses.fields(TrajectoryBatch):
-        x, y = getattr(in_turns, f.name), getattr(pipelined, f.name)
-        if isinstance(x, dict):
-            assert x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x), f.name
-        elif isinstance(x, np.ndarray):
-            assert np.array_equal(x, y), f.name
-        else:
-            assert x == y, f.name
+    assert_same_batch(in_turns, pipelined)
     if algo == "grpo":
         assert not in_turns.valid.all()  # the episodes ended inside the collection: padded
 

@@ -4,10 +4,8 @@ it changes."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
-import numpy as np
 import pytest
 import torch
 
@@ -21,6 +19,7 @@ from pipelines.runner import Runner
 from pipelines.onpolicy.workers import BlockRoute, EnvWorker, RolloutWorker, StreamWorker
 from policies.registry import build_policy
 from scheduler import Plan
+from tests.pipelines.batches import assert_same_batch
 
 POOL = {"env": (0, 1), "rollout": (0, 1), "trainer": (0, 1)}
 
@@ -125,14 +124,7 @@ def test_a_stream_worker_collects_what_separate_env_and_rollout_ranks_collect(al
     assert len(fused) == len(separate) == 2
     for a, b in zip(fused, separate):
         assert a.version == b.version == 5
-        for f in dataclasses.fields(TrajectoryBatch):
-            x, y = getattr(a, f.name), getattr(b, f.name)
-            if isinstance(x, dict):
-                assert x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x), f.name
-            elif isinstance(x, np.ndarray):
-                assert np.array_equal(x, y), f.name
-            else:
-                assert x == y, f.name
+        assert_same_batch(a, b)
     if algo == "grpo":  # the groups were reset from their shared seeds, episodes ended and padded
         assert sorted(b.group_ids.tolist() for b in fused) == [[0, 0, 0], [1, 1, 1]]
         assert not all(b.valid.all() for b in fused)
