@@ -265,7 +265,7 @@ def task_list_layout(tasks: Sequence[str], paths: Sequence[str | Path]) -> Any:
 
     from envs.adapters.maniskill_adapter import layout_of
 
-    metas = {read_meta(p).env_id: read_meta(p) for p in paths}
+    metas = {meta.env_id: meta for meta in map(read_meta, paths)}
     missing = [t for t in tasks if t not in metas]
     if missing:
         raise UserError(f"env.id lists {', '.join(tasks)}, the demos hold no episode of {', '.join(missing)}; "

@@ -50,3 +50,14 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def pickcube_demos(tmp_path_factory):
+    """Four scripted PickCube-v1 episodes at 32 px (``embodied demos``), recorded once per test
+    process for the SFT tests of every policy."""
+    from pipelines.demos import DemoConfig, record_demos
+
+    out = tmp_path_factory.mktemp("demos") / "pick.h5"
+    record_demos(DemoConfig("PickCube-v1", episodes=4, out=str(out), image_size=32), log=lambda _: None)
+    return out

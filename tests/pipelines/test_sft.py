@@ -17,29 +17,22 @@ pytest.importorskip("mani_skill", reason="ManiSkill is not installed (pip instal
 pytest.importorskip("transformers", reason="the VLA policies need the vla extra")
 
 from pipelines.cli import build_train_config, main  # noqa: E402
-from pipelines.demos import DemoConfig, load_demos, read_meta, record_demos  # noqa: E402
+from pipelines.demos import load_demos, read_meta  # noqa: E402
 from pipelines.sft_cli import parse_sft_args  # noqa: E402
 from pipelines.sft import SFTConfig, check_recipe_fits, demo_spaces, per_token, run_sft  # noqa: E402
 from pipelines.warmstart import mean_nll  # noqa: E402
 from policies.registry import build_policy  # noqa: E402
 
 RECIPE = "maniskill_pickcube_openvlaoft_ppo_tiny"
-EPISODES = 4
+EPISODES = 4  # the episodes of the pickcube_demos fixture (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
-def demo_path(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demos") / "pick.h5"
-    record_demos(DemoConfig("PickCube-v1", episodes=EPISODES, out=str(out), image_size=32), log=lambda _: None)
-    return out
-
-
-@pytest.fixture(scope="module")
-def sft_run(demo_path, tmp_path_factory):
+def sft_run(pickcube_demos, tmp_path_factory):
     out = tmp_path_factory.mktemp("sft") / "pick"
     cfg = build_train_config([RECIPE])
     lines: list[str] = []
-    result = run_sft(cfg, SFTConfig(demos=[str(demo_path)], out=str(out), epochs=4, lr=1e-3, batch_size=16, val_fraction=0.25),
+    result = run_sft(cfg, SFTConfig(demos=[str(pickcube_demos)], out=str(out), epochs=4, lr=1e-3, batch_size=16, val_fraction=0.25),
                      log=lines.append)
     return cfg, result, lines
 
@@ -54,14 +47,14 @@ def test_sft_lowers_the_held_out_nll_and_reports_it_every_epoch(sft_run) -> None
     assert sum("held-out NLL" in line for line in lines) >= 5  # before training and after each epoch
 
 
-def test_the_sft_dir_initialises_the_ppo_and_grpo_policies_with_its_weights(sft_run, demo_path) -> None:
+def test_the_sft_dir_initialises_the_ppo_and_grpo_policies_with_its_weights(sft_run, pickcube_demos) -> None:
     cfg, result, _ = sft_run
     files = {p.name for p in result.path.iterdir()}
     assert {"model.safetensors", "state.json", "sft.json", "recipe.yaml"} <= files
     assert json.loads((result.path / "sft.json").read_text())["metrics"]["sft/best_epoch"] == result.metrics["sft/best_epoch"]
     assert build_train_config([str(result.path / "recipe.yaml")]).policy.init == str(result.path.resolve())
-    meta = read_meta(demo_path)
-    demos = load_demos([demo_path], chunk=cfg.policy.action_chunk)
+    meta = read_meta(pickcube_demos)
+    demos = load_demos([pickcube_demos], chunk=cfg.policy.action_chunk)
     obs_space, action_space = demo_spaces(demos, meta.action_low, meta.action_high)
     ppo = build_policy(dataclasses.replace(per_token(cfg.policy), init=str(result.path)), obs_space, action_space)
     actions = torch.as_tensor(ppo.encode_actions(torch.as_tensor(demos.actions)))
@@ -72,8 +65,8 @@ def test_the_sft_dir_initialises_the_ppo_and_grpo_policies_with_its_weights(sft_
     build_policy(grpo_policy, obs_space, action_space)  # no critic in the file: it fits a policy without one
 
 
-def test_demos_of_another_controller_task_or_size_are_refused(demo_path) -> None:
-    meta = read_meta(demo_path)
+def test_demos_of_another_controller_task_or_size_are_refused(pickcube_demos) -> None:
+    meta = read_meta(pickcube_demos)
     with pytest.raises(UserError, match="control_mode=pd_ee_delta_pos"):
         check_recipe_fits(build_train_config([RECIPE, "env.kwargs.control_mode=pd_joint_delta_pos"]), [meta])
     with pytest.raises(UserError, match="env.id=PickCube-v1"):
@@ -82,15 +75,15 @@ def test_demos_of_another_controller_task_or_size_are_refused(demo_path) -> None
         check_recipe_fits(build_train_config([RECIPE, "env.image_size=64"]), [meta])
 
 
-def test_embodied_sft_of_a_policy_name_reads_the_env_from_the_demos(demo_path, tmp_path, capsys) -> None:
+def test_embodied_sft_of_a_policy_name_reads_the_env_from_the_demos(pickcube_demos, tmp_path, capsys) -> None:
     out = tmp_path / "oft"
-    assert main(["sft", "openvla_oft", f"demos={demo_path}", f"out={out}", "epochs=1", "batch_size=64"]) == 0
+    assert main(["sft", "openvla_oft", f"demos={pickcube_demos}", f"out={out}", "epochs=1", "batch_size=64"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["path"] == str(out) and summary["episodes"] == EPISODES
-    assert main(["sft", "openvla_oft", f"demos={demo_path}", f"out={out}", "epochs=1"]) == 2  # exists: nothing overwritten
-    assert main(["sft", RECIPE, f"demos={demo_path}", "epoch=3"]) == 2  # a misspelt key
-    assert parse_sft_args([RECIPE, f"demos={demo_path}", "lr=3e-4", "policy.kwargs.lora_rank=8"])[1:] == (
-        SFTConfig(demos=[str(demo_path)], lr=3e-4), ["policy.kwargs.lora_rank=8"])
+    assert main(["sft", "openvla_oft", f"demos={pickcube_demos}", f"out={out}", "epochs=1"]) == 2  # exists: nothing overwritten
+    assert main(["sft", RECIPE, f"demos={pickcube_demos}", "epoch=3"]) == 2  # a misspelt key
+    assert parse_sft_args([RECIPE, f"demos={pickcube_demos}", "lr=3e-4", "policy.kwargs.lora_rank=8"])[1:] == (
+        SFTConfig(demos=[str(pickcube_demos)], lr=3e-4), ["policy.kwargs.lora_rank=8"])
 
 
 @pytest.mark.slow
