@@ -486,21 +486,20 @@ class ContractObservation(gym.ObservationWrapper):
             self.observation_space = gym.spaces.Dict({**spaces, "state": gym.spaces.Box(-np.inf, np.inf, (layout.dim,), np.float32)})
 
     def observation(self, obs: Any) -> dict[str, np.ndarray]:
-        out = self._observation(obs)
-        if self.layout is not None:
-            out["state"] = self.layout.vector(obs)
+        out = {"state": self._state(obs)}
+        if self.obs_mode != "state":
+            for cam, key in self.cameras.items():
+                out[key] = np.ascontiguousarray(obs["sensor_data"][cam]["rgb"][..., :3], dtype=np.uint8)
         return out
 
-    def _observation(self, obs: Any) -> dict[str, np.ndarray]:
+    def _state(self, obs: Any) -> np.ndarray:
+        if self.layout is not None:
+            return self.layout.vector(obs)
         if self.obs_mode == "state":
-            return {"state": np.asarray(obs, np.float32).reshape(-1)}
+            return np.asarray(obs, np.float32).reshape(-1)
         if self.obs_mode == "state+rgb":
-            out = {"state": np.asarray(obs["state"], np.float32).reshape(-1)}
-        else:
-            out = {"state": flatten_state({k: obs[k] for k in ("agent", "extra") if k in obs})}
-        for cam, key in self.cameras.items():
-            out[key] = np.ascontiguousarray(obs["sensor_data"][cam]["rgb"][..., :3], dtype=np.uint8)
-        return out
+            return np.asarray(obs["state"], np.float32).reshape(-1)
+        return flatten_state({k: obs[k] for k in ("agent", "extra") if k in obs})
 
 
 # --- the adapter -------------------------------------------------------------------------------------
